@@ -1,0 +1,1 @@
+"""MLIR dialects defined by camlir (mapped into the `camlir` package as `camlir.dialects`)."""

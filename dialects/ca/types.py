@@ -1,0 +1,91 @@
+"""Reading shapes and element types off the tensor types that `ca` ops carry.
+
+`ca` ops sit at two levels: around torch-dialect bodies (`!torch.vtensor<[4,?],f32>`) and,
+after lowering, around builtin tensors (`tensor<4x?xf32>`). The verifiers compare the two
+kinds the same way, so they go through one reader. The torch types have no Python classes
+in the wheel, so they are read from their printed form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from torch_mlir import ir
+
+_TORCH_TENSOR = re.compile(r"^!torch\.(v?tensor)(?:<(.*)>)?$")
+_TORCH_DTYPES = {
+    "f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64",
+    "si8": "i8", "ui8": "ui8", "si16": "i16", "si32": "i32", "si64": "i64", "i1": "i1",
+}
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """Rank-aware shape (None for a dynamic dim) and a normalised element type name."""
+
+    shape: Optional[tuple]  # None when unranked
+    dtype: Optional[str]  # None when unknown
+
+    def compatible(self, other: "TensorSig") -> bool:
+        if self.dtype and other.dtype and self.dtype != other.dtype:
+            return False
+        if self.shape is None or other.shape is None:
+            return True
+        if len(self.shape) != len(other.shape):
+            return False
+        return all(a is None or b is None or a == b for a, b in zip(self.shape, other.shape))
+
+
+def tensor_sig(t: ir.Type) -> Optional[TensorSig]:
+    """Returns the signature of a tensor-like type, or None if `t` is not a tensor."""
+    if isinstance(t, ir.RankedTensorType):
+        rt = ir.RankedTensorType(t)
+        shape = tuple(None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank))
+        return TensorSig(shape, _builtin_dtype(str(rt.element_type)))
+    if isinstance(t, ir.UnrankedTensorType):
+        return TensorSig(None, _builtin_dtype(str(ir.UnrankedTensorType(t).element_type)))
+    m = _TORCH_TENSOR.match(str(t))
+    if not m:
+        return None
+    if m.group(2) is None:
+        return TensorSig(None, None)
+    body = m.group(2)
+    dims_txt, _, dtype = body.rpartition(",")
+    dims_txt = dims_txt.strip()
+    if dims_txt == "*":
+        shape = None
+    else:
+        inner = dims_txt.strip("[]").strip()
+        shape = tuple(
+            None if d.strip() == "?" else int(d) for d in inner.split(",")
+        ) if inner else ()
+    dtype = dtype.strip()
+    return TensorSig(shape, _TORCH_DTYPES.get(dtype, dtype) if dtype != "unk" else None)
+
+
+def _builtin_dtype(name: str) -> str:
+    return name
+
+
+def is_tensor(t: ir.Type) -> bool:
+    return tensor_sig(t) is not None
+
+
+def types_compatible(a: ir.Type, b: ir.Type) -> bool:
+    """Equal types, or two tensors whose known dims and element types agree."""
+    if a == b:
+        return True
+    sa, sb = tensor_sig(a), tensor_sig(b)
+    if sa is None or sb is None:
+        return False
+    return sa.compatible(sb)
+
+
+_INTEGER_LIKE = ("!torch.int", "index")
+
+
+def is_integer_like(t: ir.Type) -> bool:
+    """Types a lifted size may have: `!torch.int`, `index` or a signless integer."""
+    return str(t) in _INTEGER_LIKE or isinstance(t, ir.IntegerType)

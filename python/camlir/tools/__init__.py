@@ -1,0 +1,1 @@
+"""camlir command-line tools."""
