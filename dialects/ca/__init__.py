@@ -1,9 +1,9 @@
-"""The `ca` dialect (compiled autograd): op definitions, loading, and builders."""
+"""The `ca` dialect (compiled autograd): op definitions, verifier, and builders."""
 
 from .ops import (  # noqa: F401
-    CA,
     HOOK_KINDS,
     OPS,
+    OPS_BY_NAME,
     AccumulateGradOp,
     CallPythonOp,
     HookOp,
@@ -12,4 +12,5 @@ from .ops import (  # noqa: F401
     YieldOp,
 )
 from .load import load_into  # noqa: F401
+from .verify import Problem, VerificationError, verify, verify_or_raise  # noqa: F401
 from . import build  # noqa: F401

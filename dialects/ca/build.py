@@ -1,7 +1,6 @@
-"""Friendly builders for `ca` ops (the DSL's generated constructors take raw attributes).
+"""Builders for `ca` ops, at the current insertion point and location.
 
-Each builder creates the op at the current insertion point and location, like the builders
-of upstream dialects. Example:
+Example:
 
     with ir.InsertionPoint(func_block):
         node, body = build.node("MulBackward0", 0, [g, x], [g.type])
@@ -9,58 +8,59 @@ of upstream dialects. Example:
             build.yield_([body.arguments[0]])
 """
 
-from __future__ import annotations
-
 from typing import Optional, Sequence
 
 from torch_mlir import ir
-
-from .ops import AccumulateGradOp, CallPythonOp, HookOp, NodeOp, SizeOp, YieldOp
 
 
 def _i64(value: int) -> ir.IntegerAttr:
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
 
 
+def _create(name, operands=(), result_types=(), attributes=None, regions=0) -> ir.Operation:
+    return ir.Operation.create(name, results=list(result_types), operands=list(operands),
+                               attributes=attributes or {}, regions=regions)
+
+
 def node(name: str, index: int, inputs: Sequence[ir.Value], result_types: Sequence[ir.Type],
-         aot: Optional[int] = None) -> tuple[NodeOp, ir.Block]:
+         aot: Optional[int] = None) -> tuple:
     """Creates a `ca.node` and its body block (arguments typed like `inputs`)."""
-    op = NodeOp(ir.StringAttr.get(name), _i64(index), list(inputs), list(result_types))
+    attrs = {"node": ir.StringAttr.get(name), "index": _i64(index)}
     if aot is not None:
-        op.operation.attributes["aot"] = _i64(aot)
-    block = op.operation.regions[0].blocks.append(*[v.type for v in inputs])
+        attrs["aot"] = _i64(aot)
+    op = _create("ca.node", inputs, result_types, attrs, regions=1)
+    block = op.regions[0].blocks.append(*[v.type for v in inputs])
     return op, block
 
 
-def yield_(values: Sequence[ir.Value]) -> YieldOp:
-    return YieldOp(list(values))
+def yield_(values: Sequence[ir.Value]) -> ir.Operation:
+    return _create("ca.yield", values)
 
 
 def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequence[ir.Type],
-         body: Optional[str] = None) -> HookOp:
-    op = HookOp(ir.StringAttr.get(kind), _i64(hook_id), list(args), list(result_types))
+         body: Optional[str] = None) -> ir.Operation:
+    attrs = {"kind": ir.StringAttr.get(kind), "hook_id": _i64(hook_id)}
     if body is not None:
-        op.operation.attributes["body"] = ir.FlatSymbolRefAttr.get(body)
-    return op
+        attrs["body"] = ir.FlatSymbolRefAttr.get(body)
+    return _create("ca.hook", args, result_types, attrs)
 
 
 def accumulate_grad(param: ir.Value, grad: ir.Value,
-                    param_index: Optional[int] = None) -> AccumulateGradOp:
-    op = AccumulateGradOp(param, grad)
-    if param_index is not None:
-        op.operation.attributes["param_index"] = _i64(param_index)
-    return op
+                    param_index: Optional[int] = None) -> ir.Operation:
+    attrs = {} if param_index is None else {"param_index": _i64(param_index)}
+    return _create("ca.accumulate_grad", [param, grad], [], attrs)
 
 
 def size(index: int, result_type: ir.Type, *, value: Optional[int] = None,
-         source: Optional[ir.Value] = None) -> SizeOp:
-    """A static size (`value`) or a symbolic one (`source`); exactly one must be given."""
-    op = SizeOp(_i64(index), result_type, source=source)
+         source: Optional[ir.Value] = None) -> ir.Operation:
+    """A static size (`value`) or a symbolic one (`source`); exactly one should be given."""
+    attrs = {"index": _i64(index)}
     if value is not None:
-        op.operation.attributes["value"] = _i64(value)
-    return op
+        attrs["value"] = _i64(value)
+    return _create("ca.size", [] if source is None else [source], [result_type], attrs)
 
 
 def call_python(callee: str, ident: int, args: Sequence[ir.Value],
-                result_types: Sequence[ir.Type]) -> CallPythonOp:
-    return CallPythonOp(ir.StringAttr.get(callee), _i64(ident), list(args), list(result_types))
+                result_types: Sequence[ir.Type]) -> ir.Operation:
+    attrs = {"callee": ir.StringAttr.get(callee), "id": _i64(ident)}
+    return _create("ca.call_python", args, result_types, attrs)

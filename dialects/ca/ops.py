@@ -1,75 +1,79 @@
-"""The `ca` dialect: the ops a captured PyTorch backward needs.
+"""The `ca` dialect: the ops a captured PyTorch backward needs, and their verifiers.
 
-Defined without C++: the op classes below use the Python dialect DSL bundled with torch-mlir
-(`torch_mlir.dialects.ext`), which turns them into IRDL and loads them into a context.
-IRDL checks operand/result/attribute kinds; everything else (arity rules, hook kinds, type
-agreement, symbol references) is checked by each op's `verify_invariants`, which MLIR calls
-from its verifier, so errors come out as ordinary diagnostics at the op's location.
-
-Dynamic (IRDL) ops print in MLIR's generic form: `"ca.node"(%a) ({...}) {...} : (...) -> ...`.
-
-The docstring of every op class is its documentation: the first line is the summary, the
-rest the description with an example. `docs/ca-dialect.md` is generated from them
+Defined in Python, without C++. Each op is a class below whose docstring is its
+documentation (first line: summary; the rest: description with an example) and whose
+`check` is its verifier. `docs/ca-dialect.md` is generated from these classes
 (`python -m camlir.tools.gen_docs`), so docs and code cannot drift.
+
+Why not IRDL: IRDL (and the bindings' DSL on top of it) binds a constraint variable to the
+first type it sees, and a variadic operand list is checked element by element against one
+variable, so every value of a variadic must have the same type (measured with the pinned
+wheel: `"t.v"(%a, %b) : (i32, f32) -> ()` fails with "expected 'i32' but got 'f32'").
+A backward node takes and returns tensors of many shapes, so `ca.node`, `ca.yield`,
+`ca.hook` and `ca.call_python` cannot be IRDL ops. The `ca` ops are therefore ops of a
+dialect that MLIR does not register (the context allows unregistered dialects), checked by
+`camlir.dialects.ca.verify`, which the tools and the pipeline run after parsing and after
+every pass. MLIR treats unregistered ops conservatively: unknown side effects (never
+deleted, merged or moved across each other) and no IsolatedFromAbove (checked here).
+Ops print in MLIR's generic form: `"ca.node"(%a) ({...}) {...} : (...) -> ...`.
 """
 
-
-from typing import Any, Sequence
+from typing import Optional, Sequence
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext
-from torch_mlir.dialects.ext import Operand, Region, Result
 
 from .types import is_integer_like, is_tensor, tensor_sig, types_compatible
 
 HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook")
 
 
-class CA(ext.Dialect, name="ca"):
-    """Compiled autograd: one captured backward pass."""
+class CAOp:
+    """Base of the op definitions: `name`, `regions`, and a `check(op)` verifier."""
+
+    name = ""
+    regions = 0
+
+    @classmethod
+    def summary(cls) -> str:
+        return (cls.__doc__ or "").strip().splitlines()[0]
+
+    @staticmethod
+    def check(op: ir.Operation) -> Optional[str]:
+        return None
 
 
-def _verify(op) -> bool:
-    """Runs the op's `check()` and turns its finding (or a crash in it) into a diagnostic.
-
-    A verifier must never raise into MLIR (it would escape as a Python traceback from the
-    middle of a parse), so each `check` returns an error message or None.
-    """
-    try:
-        message = op.check()
-    except Exception as exc:  # a bug in a verifier must still read as a diagnostic
-        message = f"internal verifier error: {exc!r}"
-    if message:
-        op.location.emit_error(f"'{op.operation.name}' op {message}")
-        return False
-    return True
-
-
-def _attr(op, name: str):
-    attrs = op.operation.attributes
+def _attr(op: ir.Operation, name: str):
+    attrs = op.attributes
     return attrs[name] if name in attrs else None
 
 
-def _int_attr(op, name: str, required: bool = True) -> tuple[int | None, str | None]:
+def _int_attr(op: ir.Operation, name: str, required: bool = True, minimum: int = 0):
+    """(value, error) for an integer attribute that must be >= `minimum`."""
     a = _attr(op, name)
     if a is None:
         return None, (f"requires integer attribute '{name}'" if required else None)
     if not isinstance(a, ir.IntegerAttr):
         return None, f"attribute '{name}' must be an integer, got {a}"
-    return ir.IntegerAttr(a).value, None
+    value = ir.IntegerAttr(a).value
+    if value < minimum:
+        return None, f"attribute '{name}' must be >= {minimum}, got {value}"
+    return value, None
 
 
-def _terminator(region: ir.Region):
-    blocks = list(region.blocks)
-    if len(blocks) != 1:
-        return None, f"body must have exactly one block, has {len(blocks)}"
-    ops = list(blocks[0].operations)
-    if not ops or ops[-1].operation.name != "ca.yield":
-        return None, "body must end with 'ca.yield'"
-    return ops[-1], None
+def _str_attr(op: ir.Operation, name: str):
+    """(value, error) for a required, non-empty string attribute."""
+    a = _attr(op, name)
+    if a is None:
+        return None, f"requires string attribute '{name}'"
+    if not isinstance(a, ir.StringAttr):
+        return None, f"attribute '{name}' must be a string, got {a}"
+    value = ir.StringAttr(a).value
+    if not value:
+        return None, f"attribute '{name}' must not be empty"
+    return value, None
 
 
-def _compare_types(what: str, got: Sequence[ir.Type], want: Sequence[ir.Type]) -> str | None:
+def _compare_types(what: str, got: Sequence[ir.Type], want: Sequence[ir.Type]) -> Optional[str]:
     if len(got) != len(want):
         return f"{what}: expected {len(want)} values, got {len(got)}"
     for i, (g, w) in enumerate(zip(got, want)):
@@ -78,7 +82,18 @@ def _compare_types(what: str, got: Sequence[ir.Type], want: Sequence[ir.Type]) -
     return None
 
 
-class NodeOp(CA.Operation, name="node", traits=[ir.IsIsolatedFromAboveTrait]):
+def _types(values) -> list:
+    return [v.type for v in values]
+
+
+def _first_error(*checks) -> Optional[str]:
+    for c in checks:
+        if c:
+            return c
+    return None
+
+
+class NodeOp(CAOp):
     """The body of one autograd node, with its provenance.
 
     A `ca.node` wraps the ops that compute one autograd node's backward (its grad_inputs
@@ -93,8 +108,9 @@ class NodeOp(CA.Operation, name="node", traits=[ir.IsIsolatedFromAboveTrait]):
     - `aot` (integer >= 0, optional): present when the node is the backward of a region that
       was compiled ahead of time by torch.compile (PyTorch's `aot<N>_` prefix).
 
-    Verified: one block; block arguments match the operands in number and type; the
-    terminator is `ca.yield` and its operands match the results in number and type.
+    Verified: one region with one block; block arguments match the operands in number and
+    type; the body uses no value defined outside it; the block ends with `ca.yield`, whose
+    operands match the results in number and type.
 
     Example:
     ```mlir
@@ -107,53 +123,75 @@ class NodeOp(CA.Operation, name="node", traits=[ir.IsIsolatedFromAboveTrait]):
     ```
     """
 
-    node: ir.StringAttr
-    index: ir.IntegerAttr
-    inputs: Sequence[Operand[Any]]
-    outputs: Sequence[Result[Any]]
-    body: Region
+    name = "ca.node"
+    regions = 1
 
-    def check(self):
-        name = ir.StringAttr(_attr(self, "node")).value
-        if not name:
-            return "requires a non-empty 'node' name"
-        index, err = _int_attr(self, "index")
+    @staticmethod
+    def check(op):
+        _, err = _str_attr(op, "node")
         if err:
             return err
-        if index < 0:
-            return f"'index' must be >= 0, got {index}"
-        aot, err = _int_attr(self, "aot", required=False)
+        _, err = _int_attr(op, "index")
         if err:
             return err
-        if aot is not None and aot < 0:
-            return f"'aot' must be >= 0, got {aot}"
-        blocks = list(self.operation.regions[0].blocks)
+        _, err = _int_attr(op, "aot", required=False)
+        if err:
+            return err
+        blocks = list(op.regions[0].blocks)
         if len(blocks) != 1:
             return f"body must have exactly one block, has {len(blocks)}"
-        args = [a.type for a in blocks[0].arguments]
-        return _compare_types(
-            "body arguments vs operands", args, [v.type for v in self.operation.operands]
-        )
-
-    def verify_region_invariants(self) -> bool:
-        # Runs after the body itself verified, so the terminator is known to be well formed.
-        term, err = _terminator(self.operation.regions[0])
-        if not err:
-            err = _compare_types(
-                "'ca.yield' operands vs node results",
-                [v.type for v in term.operands],
-                [r.type for r in self.operation.results],
-            )
+        block = blocks[0]
+        err = _compare_types("body arguments vs operands", _types(block.arguments), _types(op.operands))
         if err:
-            self.location.emit_error(f"'ca.node' op {err}")
-            return False
-        return True
+            return err
+        ops = list(block.operations)
+        if not ops or ops[-1].operation.name != "ca.yield":
+            return "body must end with 'ca.yield'"
+        err = _uses_from_above(op)
+        if err:
+            return err
+        return _compare_types("'ca.yield' operands vs node results",
+                              _types(ops[-1].operands), _types(op.results))
 
 
-class YieldOp(CA.Operation, name="yield", traits=[ir.IsTerminatorTrait]):
+def _uses_from_above(node: ir.Operation) -> Optional[str]:
+    """The body must be isolated from above: every operand is defined inside the node."""
+    inside = set()
+    problem = []
+
+    def visit(inner):
+        inner = inner.operation
+        for region in inner.regions:
+            for block in region.blocks:
+                for arg in block.arguments:
+                    inside.add(arg)
+        for result in inner.results:
+            inside.add(result)
+        return ir.WalkResult.ADVANCE
+
+    node.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+    def check(inner):
+        inner = inner.operation
+        if inner == node:
+            return ir.WalkResult.ADVANCE
+        for v in inner.operands:
+            if v not in inside:
+                problem.append(f"body uses a value defined outside the node (operand of "
+                               f"'{inner.name}'); pass it in as an operand")
+                return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    node.walk(check, ir.WalkOrder.PRE_ORDER)
+    return problem[0] if problem else None
+
+
+class YieldOp(CAOp):
     """Terminates the body of a `ca.node` and returns the node's results.
 
     The operands become the results of the enclosing `ca.node`, in order.
+
+    Verified: the parent is a `ca.node` and this is the last op of its block.
 
     Example:
     ```mlir
@@ -161,16 +199,22 @@ class YieldOp(CA.Operation, name="yield", traits=[ir.IsTerminatorTrait]):
     ```
     """
 
-    values: Sequence[Operand[Any]]
+    name = "ca.yield"
 
-    def check(self):
-        parent = self.operation.parent
+    @staticmethod
+    def check(op):
+        parent = op.parent
         if parent is None or parent.name != "ca.node":
             return "must be nested directly in a 'ca.node'"
+        if list(op.results):
+            return "must not have results"
+        ops = list(op.block.operations)
+        if ops[-1].operation != op:
+            return "must be the last op of the 'ca.node' body"
         return None
 
 
-class HookOp(CA.Operation, name="hook"):
+class HookOp(CAOp):
     """A call to a user's autograd hook, recorded at capture and run (or inlined) later.
 
     Attributes:
@@ -189,8 +233,8 @@ class HookOp(CA.Operation, name="hook"):
       (types equal to the first M operands);
     - `post_acc_grad_hook`: the parameter in, nothing out (the hook acts on `param.grad`).
 
-    A hook may touch anything in Python, so `ca.hook` reads and writes memory: it is never
-    removed as dead code nor moved across `ca.accumulate_grad`.
+    A hook may touch anything in Python: it is never removed as dead code nor moved across
+    `ca.accumulate_grad` or another hook.
 
     Example:
     ```mlir
@@ -199,45 +243,23 @@ class HookOp(CA.Operation, name="hook"):
     ```
     """
 
-    kind: ir.StringAttr
-    hook_id: ir.IntegerAttr
-    args: Sequence[Operand[Any]]
-    outs: Sequence[Result[Any]]
+    name = "ca.hook"
 
-    def check(self):
-        kind = ir.StringAttr(_attr(self, "kind")).value
+    @staticmethod
+    def check(op):
+        kind, err = _str_attr(op, "kind")
+        if err:
+            return err
         if kind not in HOOK_KINDS:
             return f"unknown hook kind '{kind}'; expected one of {', '.join(HOOK_KINDS)}"
-        hook_id, err = _int_attr(self, "hook_id")
+        _, err = _int_attr(op, "hook_id")
         if err:
             return err
-        if hook_id < 0:
-            return f"'hook_id' must be >= 0, got {hook_id}"
-        ins = [v.type for v in self.operation.operands]
-        outs = [r.type for r in self.operation.results]
-        err = _hook_arity(kind, ins, outs)
-        if err:
-            return err
-        return self._check_body(ins, outs)
-
-    def _check_body(self, ins, outs):
-        body = _attr(self, "body")
-        if body is None:
-            return None
-        if not isinstance(body, ir.FlatSymbolRefAttr):
-            return f"'body' must be a flat symbol reference, got {body}"
-        name = ir.FlatSymbolRefAttr(body).value
-        fn = _lookup_symbol(self.operation, name)
-        if fn is None:
-            return f"'body' refers to unknown symbol @{name}"
-        if fn.name != "func.func":
-            return f"'body' @{name} must be a func.func, is '{fn.name}'"
-        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
-        err = _compare_types(f"hook body @{name} inputs", list(ftype.inputs), ins)
-        return err or _compare_types(f"hook body @{name} results", list(ftype.results), outs)
+        ins, outs = _types(op.operands), _types(op.results)
+        return _first_error(_hook_arity(kind, ins, outs), _check_hook_body(op, ins, outs))
 
 
-def _hook_arity(kind: str, ins, outs) -> str | None:
+def _hook_arity(kind: str, ins, outs) -> Optional[str]:
     n_in, n_out = len(ins), len(outs)
     if kind == "tensor_pre_hook":
         if n_in != 1 or n_out != 1:
@@ -260,8 +282,26 @@ def _hook_arity(kind: str, ins, outs) -> str | None:
     return None
 
 
+def _check_hook_body(op, ins, outs) -> Optional[str]:
+    body = _attr(op, "body")
+    if body is None:
+        return None
+    if not isinstance(body, ir.FlatSymbolRefAttr):
+        return f"'body' must be a flat symbol reference, got {body}"
+    name = ir.FlatSymbolRefAttr(body).value
+    fn = _lookup_symbol(op, name)
+    if fn is None:
+        return f"'body' refers to unknown symbol @{name}"
+    if fn.name != "func.func":
+        return f"'body' @{name} must be a func.func, is '{fn.name}'"
+    ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+    return _first_error(
+        _compare_types(f"hook body @{name} inputs", list(ftype.inputs), ins),
+        _compare_types(f"hook body @{name} results", list(ftype.results), outs))
+
+
 def _lookup_symbol(op: ir.Operation, name: str):
-    """Finds `name` in the nearest enclosing symbol table (usually the module)."""
+    """Finds `name` in the nearest enclosing module."""
     parent = op.parent
     while parent is not None:
         if parent.name == "builtin.module":
@@ -274,15 +314,15 @@ def _lookup_symbol(op: ir.Operation, name: str):
     return None
 
 
-class AccumulateGradOp(CA.Operation, name="accumulate_grad"):
+class AccumulateGradOp(CAOp):
     """Accumulates a gradient into a parameter's `.grad`, as the autograd engine does.
 
     Semantics: if `param.grad` is None it becomes `grad` (or a copy, when `grad` must not be
     aliased); otherwise `param.grad += grad` in place. This is a side effect on the
-    parameter, so the op writes memory: it is never dead-code eliminated and never moved
-    across a `ca.hook` (a `post_acc_grad_hook` reads the accumulated `.grad`).
+    parameter: the op is never dead-code eliminated and never moved across a `ca.hook`
+    (a `post_acc_grad_hook` reads the accumulated `.grad`).
 
-    Verified: two tensor operands with equal element types and compatible shapes.
+    Verified: two tensor operands with equal element types and compatible shapes, no results.
     The optional integer attribute `param_index` names the parameter's position among the
     backward's inputs, for logs.
 
@@ -292,21 +332,25 @@ class AccumulateGradOp(CA.Operation, name="accumulate_grad"):
     ```
     """
 
-    param: Operand[Any]
-    grad: Operand[Any]
+    name = "ca.accumulate_grad"
 
-    def check(self):
-        p, g = self.operation.operands[0].type, self.operation.operands[1].type
+    @staticmethod
+    def check(op):
+        operands = list(op.operands)
+        if len(operands) != 2 or list(op.results):
+            return (f"takes 2 operands (param, grad) and returns nothing, got "
+                    f"{len(operands)} -> {len(list(op.results))}")
+        p, g = operands[0].type, operands[1].type
         sp, sg = tensor_sig(p), tensor_sig(g)
         if sp is None or sg is None:
             return f"operands must be tensors, got {p} and {g}"
         if not sp.compatible(sg):
             return f"gradient type {g} does not match parameter type {p}"
-        _, err = _int_attr(self, "param_index", required=False)
+        _, err = _int_attr(op, "param_index", required=False)
         return err
 
 
-class SizeOp(CA.Operation, name="size"):
+class SizeOp(CAOp):
     """A lifted size: a constant, or a symbolic value read from the graph's inputs.
 
     PyTorch's compiled autograd passes the sizes a backward depends on as graph inputs, so
@@ -326,39 +370,35 @@ class SizeOp(CA.Operation, name="size"):
     ```
     """
 
-    index: ir.IntegerAttr
-    result: Result[Any]
-    source: Operand[Any] | None = None
+    name = "ca.size"
 
-    def check(self):
-        index, err = _int_attr(self, "index")
+    @staticmethod
+    def check(op):
+        _, err = _int_attr(op, "index")
         if err:
             return err
-        if index < 0:
-            return f"'index' must be >= 0, got {index}"
-        value, err = _int_attr(self, "value", required=False)
+        value, err = _int_attr(op, "value", required=False)
         if err:
             return err
-        operands = list(self.operation.operands)
+        operands, results = list(op.operands), list(op.results)
+        if len(operands) > 1 or len(results) != 1:
+            return f"takes at most 1 operand and returns 1 result, got {len(operands)} -> {len(results)}"
         if (value is None) == (not operands):
             return "must have exactly one of a source operand (symbolic) and a 'value' attribute (static)"
-        if value is not None and value < 0:
-            return f"'value' must be >= 0, got {value}"
         if operands and not is_integer_like(operands[0].type):
             return f"source must be integer-like (!torch.int, index, iN), got {operands[0].type}"
-        rtype = self.operation.results[0].type
-        if not is_integer_like(rtype):
-            return f"result must be integer-like (!torch.int, index, iN), got {rtype}"
+        if not is_integer_like(results[0].type):
+            return f"result must be integer-like (!torch.int, index, iN), got {results[0].type}"
         return None
 
 
-class CallPythonOp(CA.Operation, name="call_python"):
+class CallPythonOp(CAOp):
     """An opaque call back into Python, for whatever cannot be compiled.
 
     The runtime calls the Python callable registered under `id` with the operands and binds
     its return values to the results. `callee` says what is called (an aten op such as
     `aten::_scaled_dot_product_flash_attention_for_cpu_backward`, or an untraceable hook) for
-    logs and error messages. The call may do anything, so the op reads and writes memory.
+    logs and error messages. The call may do anything: it is never removed or reordered.
 
     Verified: non-empty `callee`, `id >= 0`.
 
@@ -369,26 +409,16 @@ class CallPythonOp(CA.Operation, name="call_python"):
     ```
     """
 
-    callee: ir.StringAttr
-    id: ir.IntegerAttr
-    args: Sequence[Operand[Any]]
-    outs: Sequence[Result[Any]]
+    name = "ca.call_python"
 
-    def check(self):
-        if not ir.StringAttr(_attr(self, "callee")).value:
-            return "requires a non-empty 'callee'"
-        ident, err = _int_attr(self, "id")
+    @staticmethod
+    def check(op):
+        _, err = _str_attr(op, "callee")
         if err:
             return err
-        if ident < 0:
-            return f"'id' must be >= 0, got {ident}"
-        return None
+        _, err = _int_attr(op, "id")
+        return err
 
 
 OPS = (NodeOp, YieldOp, HookOp, AccumulateGradOp, SizeOp, CallPythonOp)
-
-
-# The DSL attaches `verify_invariants` when the dialect is loaded; nanobind classes take a
-# single base, so the shared wrapper is installed here rather than through a mixin.
-for _op in OPS:
-    _op.verify_invariants = _verify
+OPS_BY_NAME = {cls.name: cls for cls in OPS}

@@ -10,9 +10,8 @@ from torch_mlir.dialects import torch as torch_dialect
 from camlir.dialects.ca import load_into
 
 
-def make_context(allow_unregistered: bool = False) -> ir.Context:
+def make_context() -> ir.Context:
     ctx = ir.Context()
     torch_dialect.register_dialect(ctx)
     load_into(ctx)
-    ctx.allow_unregistered_dialects = allow_unregistered
     return ctx

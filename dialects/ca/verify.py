@@ -1,0 +1,74 @@
+"""The `ca` verifier: runs every `ca` op's checks over a module.
+
+MLIR does not know the `ca` ops (see ops.py for why), so nothing else verifies them. The
+tools run this after parsing and the pass pipeline runs it after every pass, so a pass that
+breaks an invariant is caught right where it did.
+
+It also rejects ops of other unregistered dialects, which the context must accept for the
+`ca` ops to parse, unless the caller allows them (`--allow-unregistered-dialect`).
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch_mlir import ir
+
+from .ops import OPS_BY_NAME
+
+
+@dataclass
+class Problem:
+    op: ir.Operation
+    message: str
+
+    @property
+    def location(self) -> ir.Location:
+        return self.op.location
+
+
+class VerificationError(ValueError):
+    """Raised by `verify_or_raise`; `problems` lists each failing op and why."""
+
+    def __init__(self, problems):
+        self.problems = problems
+        super().__init__("\n".join(f"{p.location}: {p.message}" for p in problems))
+
+
+def verify(root: ir.Operation, allow_unregistered: bool = False) -> list:
+    """Returns the problems found under `root` (an empty list when it is valid)."""
+    problems = []
+    context = root.context
+
+    def visit(op):
+        op = op.operation
+        name = op.name
+        cls = OPS_BY_NAME.get(name)
+        if cls is not None:
+            message = _check(cls, op)
+            if message:
+                problems.append(Problem(op, f"'{name}' op {message}"))
+        elif name.startswith("ca."):
+            known = ", ".join(sorted(OPS_BY_NAME))
+            problems.append(Problem(op, f"unknown operation '{name}' in dialect 'ca' (known: {known})"))
+        elif not allow_unregistered and not context.is_registered_operation(name):
+            problems.append(Problem(op, f"unregistered operation '{name}' (use "
+                                        f"--allow-unregistered-dialect to accept it)"))
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return problems
+
+
+def _check(cls, op) -> Optional[str]:
+    if len(op.regions) != cls.regions:
+        return f"expects {cls.regions} region(s), got {len(op.regions)}"
+    try:
+        return cls.check(op)
+    except Exception as exc:  # a bug in a verifier must still read as a diagnostic
+        return f"internal verifier error: {exc!r}"
+
+
+def verify_or_raise(root: ir.Operation, allow_unregistered: bool = False) -> None:
+    problems = verify(root, allow_unregistered)
+    if problems:
+        raise VerificationError(problems)

@@ -1,0 +1,17 @@
+"""The list of camlir passes, shared by `ca-opt`, the compile pipeline and the docs."""
+
+from typing import Optional
+
+from .flatten_nodes import FlattenNodes
+
+PASSES = (FlattenNodes,)
+
+_BY_NAME = {p.argument: p for p in PASSES}
+
+
+def names():
+    return _BY_NAME.keys()
+
+
+def lookup(name: str) -> Optional[type]:
+    return _BY_NAME.get(name)

@@ -1,0 +1,27 @@
+// RUN: ca-opt %s | ca-opt | FileCheck %s
+
+// CHECK-LABEL: func.func private @hook_0
+func.func private @hook_0(%g: !torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
+
+// CHECK-LABEL: func.func @all_kinds
+func.func @all_kinds(%g: !torch.vtensor<[10],f32>, %gi: !torch.vtensor<[3],f32>, %p: !torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32> {
+  // CHECK: %[[A:.*]] = "ca.hook"(%{{.*}}) {body = @hook_0, hook_id = 0 : i64, kind = "tensor_pre_hook"} : (!torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
+  %a = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, body = @hook_0} : (!torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
+  // CHECK: "ca.hook"(%[[A]], %{{.*}}) {hook_id = 1 : i64, kind = "pre_hook"} : (!torch.vtensor<[10],f32>, !torch.vtensor<[3],f32>) -> (!torch.vtensor<[10],f32>, !torch.vtensor<[3],f32>)
+  %b:2 = "ca.hook"(%a, %gi) {kind = "pre_hook", hook_id = 1 : i64} : (!torch.vtensor<[10],f32>, !torch.vtensor<[3],f32>) -> (!torch.vtensor<[10],f32>, !torch.vtensor<[3],f32>)
+  // post_hook: grad_inputs (%gi) then grad_outputs (%b#0), returns the grad_inputs.
+  // CHECK: "ca.hook"(%{{.*}}, %{{.*}}) {hook_id = 2 : i64, kind = "post_hook"} : (!torch.vtensor<[3],f32>, !torch.vtensor<[10],f32>) -> !torch.vtensor<[3],f32>
+  %c = "ca.hook"(%b#1, %b#0) {kind = "post_hook", hook_id = 2 : i64} : (!torch.vtensor<[3],f32>, !torch.vtensor<[10],f32>) -> !torch.vtensor<[3],f32>
+  // CHECK: "ca.hook"(%{{.*}}) {hook_id = 3 : i64, kind = "post_acc_grad_hook"} : (!torch.vtensor<[10],f32>) -> ()
+  "ca.hook"(%p) {kind = "post_acc_grad_hook", hook_id = 3 : i64} : (!torch.vtensor<[10],f32>) -> ()
+  return %b#0 : !torch.vtensor<[10],f32>
+}
+
+// Hooks have side effects: canonicalization must keep a hook whose results are unused.
+// RUN: ca-opt %s --canonicalize | FileCheck %s --check-prefix=KEEP
+// KEEP-LABEL: func.func @unused_result
+// KEEP: "ca.hook"
+func.func @unused_result(%g: !torch.vtensor<[10],f32>) {
+  %a = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64} : (!torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
+  return
+}
