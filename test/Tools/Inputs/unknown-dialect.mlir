@@ -1,0 +1,4 @@
+func.func @f(%a: i32) {
+  %r = foo.bar %a : i32
+  return
+}
