@@ -1,0 +1,24 @@
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def ctx():
+    from torch_mlir import ir
+
+    from camlir import make_context
+
+    context = make_context()
+    with context, ir.Location.unknown():
+        yield context
+
+
+@pytest.fixture
+def ca_opt_cmd():
+    """How to run the installed ca-opt console script."""
+    exe = os.path.join(os.path.dirname(sys.executable), "ca-opt")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "camlir.tools.ca_opt"]
