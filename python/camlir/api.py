@@ -1,0 +1,37 @@
+"""The public API: `compile_backward`, `enable`, `reset`."""
+
+import contextlib
+
+import torch
+
+from . import compiled
+from .capture import engine
+from .counters import counters
+
+
+def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, fullgraph=None):
+    """Runs `loss.backward(gradient, retain_graph=...)` through camlir; grads land in `.grad`.
+
+    `backend=None` means `camlir.config.backend`; `fullgraph=True` raises
+    `camlir.UnsupportedError` instead of falling back to PyTorch.
+    """
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"compile_backward expects a tensor, got {type(loss).__name__}")
+    with enable(backend=backend, fullgraph=fullgraph):
+        torch.autograd.backward(loss, gradient, retain_graph=retain_graph)
+
+
+@contextlib.contextmanager
+def enable(backend=None, fullgraph=None, dynamic=None):
+    """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir."""
+    if dynamic not in (None, True, False):
+        raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
+    with engine.scoped(engine.Settings(backend, fullgraph, dynamic)):
+        yield
+
+
+def reset() -> None:
+    """Clears the counters and every in-memory cache (captured graphs, compiled artifacts)."""
+    engine.reset()
+    compiled.forget_graphs()
+    counters.clear()

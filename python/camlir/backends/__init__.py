@@ -1,0 +1,1 @@
+"""Backends that run a captured `ca` module."""

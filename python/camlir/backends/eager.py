@@ -1,0 +1,255 @@
+"""The reference backend: an interpreter of `ca` modules that runs every op with PyTorch.
+
+It executes the captured module itself (torch-dialect ops through `torch.ops`, `ca` ops
+through the autograd engine's own hook and accumulation helpers), so every gradient it
+produces checks that capture and import were faithful. It stays as the debugging backend.
+
+The module is decoded once into a flat list of steps (a callable, input slots, output
+slots); a call then only walks that list.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch._dynamo.external_utils import call_accumulate_grad, call_hook
+from torch_mlir import ir
+from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
+
+_INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
+_INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
+_INT_TO_MEMORY_FORMAT = {v: k for k, v in TORCH_MEMORY_FORMAT_TO_INT.items()}
+_NO_OPS = ("torch.bind_symbolic_shape",)
+
+
+class InterpreterError(RuntimeError):
+    """An op the reference interpreter cannot run; `op_name` names it."""
+
+    def __init__(self, op_name: str, message: str):
+        self.op_name = op_name
+        super().__init__(f"{op_name}: {message}")
+
+
+@dataclass
+class _Step:
+    fn: object
+    ins: tuple
+    outs: tuple
+
+
+class _Program:
+    """Straight-line code for one block: steps over a slot array."""
+
+    def __init__(self, n_slots, arg_slots, steps, result_slots):
+        self.n_slots = n_slots
+        self.arg_slots = arg_slots
+        self.steps = steps
+        self.result_slots = result_slots
+
+    def run(self, args, runtime):
+        env = [None] * self.n_slots
+        for slot, value in zip(self.arg_slots, args):
+            env[slot] = value
+        for step in self.steps:
+            outs = step.fn([env[i] for i in step.ins], runtime)
+            for slot, value in zip(step.outs, outs):
+                env[slot] = value
+        return [env[i] for i in self.result_slots]
+
+
+class Runtime:
+    """What one backward call provides: the hooks list and the Python call-back table."""
+
+    __slots__ = ("hooks", "callbacks")
+
+    def __init__(self, hooks, callbacks=()):
+        self.hooks = hooks
+        self.callbacks = callbacks
+
+
+class EagerProgram:
+    """A compiled-for-interpretation `func.func` of a `ca` module."""
+
+    def __init__(self, module: ir.Module, func_name: str = "backward"):
+        fn = next(op.operation for op in module.body.operations
+                  if op.operation.name == "func.func"
+                  and ir.StringAttr(op.operation.attributes["sym_name"]).value == func_name)
+        self.program = _compile_block(fn.regions[0].blocks[0], terminator="func.return")
+
+    def __call__(self, args, hooks, callbacks=()):
+        return self.program.run(list(args), Runtime(hooks, callbacks))
+
+
+def _compile_block(block: ir.Block, terminator: str) -> _Program:
+    slots = {}
+
+    def slot(v):
+        if v not in slots:
+            slots[v] = len(slots)
+        return slots[v]
+
+    arg_slots = tuple(slot(a) for a in block.arguments)
+    steps, result_slots = [], ()
+    for op in block.operations:
+        op = op.operation
+        if op.name == terminator:
+            result_slots = tuple(slot(v) for v in op.operands)
+            continue
+        if op.name in _NO_OPS:
+            continue
+        fn = _handler(op)
+        steps.append(_Step(fn, tuple(slot(v) for v in op.operands), tuple(slot(r) for r in op.results)))
+    return _Program(len(slots), arg_slots, steps, result_slots)
+
+
+def _handler(op: ir.Operation):
+    name = op.name
+    attrs = op.attributes
+    if name == "ca.node":
+        body = _compile_block(op.regions[0].blocks[0], terminator="ca.yield")
+        return lambda ins, rt: body.run(ins, rt)
+    if name == "ca.hook":
+        return _hook_handler(op)
+    if name == "ca.accumulate_grad":
+        return _accumulate
+    if name == "ca.size":
+        if "value" in attrs:
+            value = ir.IntegerAttr(attrs["value"]).value
+            return lambda ins, rt: (value,)
+        return lambda ins, rt: (int(ins[0]),)
+    if name == "ca.call_python":
+        ident = ir.IntegerAttr(attrs["id"]).value
+        n_out = len(op.results)
+        return lambda ins, rt: _as_tuple(rt.callbacks[ident](*ins), n_out)
+    if name.startswith("torch.constant."):
+        value = _constant(op)
+        return lambda ins, rt: (value,)
+    if name in ("torch.prim.ListConstruct", "torch.prim.TupleConstruct"):
+        return lambda ins, rt: (list(ins),)
+    if name in ("torch.prim.ListUnpack", "torch.prim.TupleUnpack"):
+        return lambda ins, rt: tuple(ins[0])
+    if name == "torch.vtensor.literal":
+        tensor = _literal(attrs["value"])
+        return lambda ins, rt: (tensor,)
+    if name == "torch.operator":
+        return _aten_handler(op, ir.StringAttr(attrs["name"]).value.removeprefix("torch."))
+    if name.startswith("torch.aten.") or name.startswith("torch.prims."):
+        return _aten_handler(op, name.removeprefix("torch."))
+    raise InterpreterError(name, "not supported by the reference interpreter")
+
+
+def _as_tuple(out, n):
+    if n == 0:
+        return ()
+    if n == 1:
+        return (out,)
+    return tuple(out)
+
+
+def _hook_handler(op):
+    kind = ir.StringAttr(op.attributes["kind"]).value
+    ident = ir.IntegerAttr(op.attributes["hook_id"]).value
+    n_results = len(op.results)
+    if kind == "tensor_pre_hook":
+        return lambda ins, rt: (call_hook(rt.hooks[ident], ins[0], hook_type=kind),)
+    if kind == "pre_hook":
+        return lambda ins, rt: tuple(call_hook(rt.hooks[ident], list(ins), hook_type=kind))
+    if kind == "post_hook":
+        def post(ins, rt):
+            return tuple(call_hook(rt.hooks[ident], list(ins[:n_results]), list(ins[n_results:]),
+                                   hook_type=kind))
+        return post
+    return lambda ins, rt: (call_hook(rt.hooks[ident], ins[0], hook_type=kind), ())[1]
+
+
+def _accumulate(ins, rt):
+    param, grad = ins
+    # PyTorch's own accumulation: assigns (or steals) when .grad is None, else adds in place.
+    call_accumulate_grad(param, param.grad, grad, False)
+    return ()
+
+
+def _constant(op: ir.Operation):
+    name = op.name
+    if name == "torch.constant.none":
+        return None
+    value = op.attributes["value"]
+    if name == "torch.constant.int":
+        return ir.IntegerAttr(value).value
+    if name == "torch.constant.float":
+        return ir.FloatAttr(value).value
+    if name == "torch.constant.bool":
+        return bool(ir.BoolAttr(value).value) if isinstance(value, ir.BoolAttr) else bool(ir.IntegerAttr(value).value)
+    if name == "torch.constant.str":
+        return ir.StringAttr(value).value
+    if name == "torch.constant.device":
+        return torch.device(ir.StringAttr(value).value)
+    if name == "torch.constant.number":
+        return ir.FloatAttr(value).value if isinstance(value, ir.FloatAttr) else ir.IntegerAttr(value).value
+    raise InterpreterError(name, "unknown constant kind")
+
+
+_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np.int64, "si64": np.int64,
+              "i32": np.int32, "si32": np.int32, "i1": np.bool_, "i8": np.int8, "ui8": np.uint8}
+
+
+def _literal(attr) -> torch.Tensor:
+    if not isinstance(attr, ir.DenseElementsAttr):
+        raise InterpreterError("torch.vtensor.literal", f"unsupported literal attribute {attr}")
+    shaped = ir.ShapedType(attr.type)
+    elem = str(shaped.element_type)
+    if elem not in _NP_DTYPES:
+        raise InterpreterError("torch.vtensor.literal", f"unsupported literal element type {elem}")
+    if attr.is_splat:
+        value = attr.get_splat_value()
+        scalar = value.value if hasattr(value, "value") else value
+        array = np.full(shaped.shape, scalar, dtype=_NP_DTYPES[elem])
+    else:
+        array = np.array(attr, copy=True).astype(_NP_DTYPES[elem]).reshape(shaped.shape)
+    return torch.from_numpy(array)
+
+
+def _resolve(target: str):
+    """`aten.mul.Tensor` / `aten.mm` / `prims.convert_element_type` -> an OpOverload."""
+    parts = target.split(".")
+    namespace, name = parts[0], parts[1]
+    overload = ".".join(parts[2:]) or "default"
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        raise InterpreterError(target, "no such PyTorch operator") from None
+
+
+def _aten_handler(op: ir.Operation, target: str):
+    overload = _resolve(target)
+    schema = overload._schema
+    converters = []
+    for arg in schema.arguments:
+        t = str(arg.type)
+        conv = None
+        if "ScalarType" in t:
+            conv = _INT_TO_DTYPE
+        elif "MemoryFormat" in t:
+            conv = _INT_TO_MEMORY_FORMAT
+        elif "Layout" in t:
+            conv = _INT_TO_LAYOUT
+        converters.append((arg.name, arg.kwarg_only, conv))
+    n_operands = len(op.operands)
+    if n_operands > len(converters):
+        raise InterpreterError(target, f"{n_operands} operands for a schema with {len(converters)} arguments")
+    converters = converters[:n_operands]
+    n_results = len(op.results)
+
+    def run(ins, rt):
+        args, kwargs = [], {}
+        for value, (name, kwarg_only, conv) in zip(ins, converters):
+            if conv is not None and isinstance(value, int):
+                value = conv[value]
+            if kwarg_only:
+                kwargs[name] = value
+            else:
+                args.append(value)
+        return _as_tuple(overload(*args, **kwargs), n_results)
+
+    return run

@@ -1,0 +1,1 @@
+"""Capture: from backward() to a `ca` module."""

@@ -1,0 +1,98 @@
+"""Opaque leaves for re-tracing: hooks and gradient accumulation as `torch.library` ops.
+
+While a captured backward is re-traced to aten ops, hooks must not run (they are recorded,
+never executed with real data at capture time) and accumulation must not turn into copies.
+Each becomes one call of a `camlir::` custom op whose fake implementation only produces
+outputs of the right shape; the importer turns them into `ca.hook` / `ca.accumulate_grad`.
+The graph carries the hook's index in the backward's hook list, not the hook itself.
+
+The real implementations run the hooks found in `current_hooks` (set by whoever executes a
+re-traced graph directly, e.g. when debugging); camlir's own backends run `ca` ops instead.
+"""
+
+import threading
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch._dynamo.external_utils import call_accumulate_grad, call_hook
+
+_state = threading.local()
+
+
+def set_current_hooks(hooks) -> None:
+    _state.hooks = hooks
+
+
+def _hook(hook_id: int):
+    hooks = getattr(_state, "hooks", None)
+    if hooks is None:
+        raise RuntimeError("camlir: no hooks registered for this backward call")
+    return hooks[hook_id]
+
+
+def _unalias(out, inputs):
+    # Custom ops may not return an input itself (a hook returning None or its argument).
+    return out.clone() if any(out is i for i in inputs) else out
+
+
+@torch.library.custom_op("camlir::tensor_pre_hook", mutates_args=())
+def tensor_pre_hook(hook_id: int, grad: Tensor) -> Tensor:
+    return _unalias(call_hook(_hook(hook_id), grad, hook_type="tensor_pre_hook"), [grad])
+
+
+@tensor_pre_hook.register_fake
+def _(hook_id, grad):
+    return torch.empty_like(grad)
+
+
+@torch.library.custom_op("camlir::pre_hook", mutates_args=())
+def pre_hook(hook_id: int, grads: list[Tensor]) -> list[Tensor]:
+    out = call_hook(_hook(hook_id), grads, hook_type="pre_hook")
+    return [_unalias(o, grads) for o in out]
+
+
+@pre_hook.register_fake
+def _(hook_id, grads):
+    return [torch.empty_like(g) for g in grads]
+
+
+@torch.library.custom_op("camlir::post_hook", mutates_args=())
+def post_hook(hook_id: int, grad_inputs: list[Tensor], grad_outputs: list[Tensor]) -> list[Tensor]:
+    out = call_hook(_hook(hook_id), grad_inputs, grad_outputs, hook_type="post_hook")
+    return [_unalias(o, grad_inputs + grad_outputs) for o in out]
+
+
+@post_hook.register_fake
+def _(hook_id, grad_inputs, grad_outputs):
+    return [torch.empty_like(g) for g in grad_inputs]
+
+
+@torch.library.custom_op("camlir::post_acc_grad_hook", mutates_args=())
+def post_acc_grad_hook(hook_id: int, param: Tensor) -> None:
+    call_hook(_hook(hook_id), param, hook_type="post_acc_grad_hook")
+
+
+@post_acc_grad_hook.register_fake
+def _(hook_id, param):
+    return None
+
+
+@torch.library.custom_op("camlir::accumulate_grad", mutates_args=())
+def accumulate_grad(param: Tensor, old_grad: Optional[Tensor], grad: Tensor, has_post_hooks: bool) -> None:
+    # The side effect is on `param.grad`, not on tensor data, so the op declares no mutation;
+    # the `ca` dialect keeps it alive and ordered (ca.accumulate_grad).
+    call_accumulate_grad(param, old_grad, grad, has_post_hooks)
+
+
+@accumulate_grad.register_fake
+def _(param, old_grad, grad, has_post_hooks):
+    return None
+
+
+LEAF_OPS = {
+    "camlir.tensor_pre_hook": "tensor_pre_hook",
+    "camlir.pre_hook": "pre_hook",
+    "camlir.post_hook": "post_hook",
+    "camlir.post_acc_grad_hook": "post_acc_grad_hook",
+}

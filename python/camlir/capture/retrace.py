@@ -1,0 +1,178 @@
+"""Re-tracing a captured backward down to aten ops, with node provenance.
+
+PyTorch's compiled autograd hands camlir a GraphModule whose autograd nodes are opaque
+calls (`ops.AddmmBackward0(...)`), plus hook calls and accumulation. Running that graph on
+fake tensors under `make_fx` records the aten ops each node's backward formula executes;
+hooks and accumulation are swapped for the `camlir::` leaves so they stay single, opaque
+calls and never run. Every recorded op is tagged with the node it came from.
+
+Sizes: a graph with no lifted sizes is traced with static shapes. A graph with lifted sizes
+(PyTorch lifts exactly the sizes that changed between calls) is traced symbolically: those
+sizes become symbols, as do the dims of every non-parameter input; parameters stay static.
+Tracing can specialise (e.g. assume two symbols are equal); the guards it relied on are
+kept and checked on every call (`Retraced.guards_hold`).
+"""
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import fx
+from torch._dynamo import compiled_autograd as ca_mod
+from torch._dynamo.external_utils import call_accumulate_grad, call_hook, unwrap_maybe_dynamic_int
+from torch.fx import traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import leaves  # noqa: F401  (registers the camlir:: ops)
+
+_ORIGIN = re.compile(r"^\s*(\S[^\n]*?) \(NodeCall (\d+)\)\s*$", re.M)
+_AOT_NAME = re.compile(r"^(aot\d+(?:_\d+)?)_")
+
+
+class RetraceError(RuntimeError):
+    """Re-tracing failed inside one autograd node; `node` names it ("MyFnBackward#3")."""
+
+    def __init__(self, node: str, cause: BaseException):
+        self.node = node
+        self.cause = cause
+        super().__init__(f"autograd node {node} could not be traced: {type(cause).__name__}: {cause}")
+
+
+def _origin(n: fx.Node) -> Optional[tuple]:
+    m = _ORIGIN.search(n.meta.get("stack_trace") or "")
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def annotate_provenance(gm: fx.GraphModule) -> None:
+    """Stores each node's origin in `meta["custom"]`, which make_fx copies onto the aten
+    ops recorded while that node runs (`preserve_node_meta`)."""
+    # Nodes pasted from an AOT backward keep the forward's stack trace; their origin is the
+    # `call_aot_bwd_prologue` node whose outputs are named after the same aot<N> prefix.
+    aot_origin = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "__name__", "").startswith("call_aot_bwd_prologue"):
+            for user in n.users:
+                m = _AOT_NAME.match(user.name)
+                if m and _origin(n):
+                    aot_origin[m.group(1)] = _origin(n)
+    for n in gm.graph.nodes:
+        m = _AOT_NAME.match(n.name)
+        origin = aot_origin.get(m.group(1)) if m else _origin(n)
+        custom = dict(n.meta.get("custom") or {})
+        if origin is not None:
+            custom["ca_node"], custom["ca_index"] = origin
+        if m:
+            custom["ca_aot"] = int(re.match(r"aot(\d+)", m.group(1)).group(1))
+        if custom:
+            n.meta["custom"] = custom
+
+
+def _hook_index(n: fx.Node) -> int:
+    """`call_hook`'s first argument is `hooks[i]`; returns i."""
+    h = n.args[0]
+    if not (isinstance(h, fx.Node) and h.op == "call_function" and h.args and
+            getattr(h.args[0], "name", None) == "hooks"):
+        raise RuntimeError(f"unexpected hook reference in {n.format_node()}")
+    return int(h.args[1])
+
+
+def node_label(n: fx.Node) -> str:
+    custom = n.meta.get("custom") or {}
+    if "ca_node" in custom:
+        return f"{custom['ca_node']}#{custom['ca_index']}"
+    return n.name
+
+
+class _Retracer(fx.Interpreter):
+    """Runs the captured graph on fake tensors, routing hooks and accumulation to leaves."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._current = n
+        try:
+            return super().run_node(n)
+        except RetraceError:
+            raise
+        except Exception as exc:
+            raise RetraceError(node_label(n), exc) from exc
+
+    def call_function(self, target, args, kwargs):
+        n = self._current
+        if target is call_hook:
+            kind = kwargs.get("hook_type")
+            i = _hook_index(n)
+            if kind == "tensor_pre_hook":
+                return torch.ops.camlir.tensor_pre_hook(i, args[1])
+            if kind == "pre_hook":
+                return torch.ops.camlir.pre_hook(i, list(args[1]))
+            if kind == "post_hook":
+                return torch.ops.camlir.post_hook(i, list(args[1]), list(args[2]))
+            if kind == "post_acc_grad_hook":
+                torch.ops.camlir.post_acc_grad_hook(i, args[1])
+                return args[1]
+            raise NotImplementedError(f"hook kind '{kind}' (saved-tensor hooks) is not supported")
+        if target is call_accumulate_grad:
+            param, old_grad, grad, has_post_hooks = args
+            torch.ops.camlir.accumulate_grad(param, old_grad, grad, bool(has_post_hooks))
+            return None
+        if getattr(target, "__name__", "") == "_exec_final_callbacks_stub":
+            return None  # a marker; final callbacks run outside the graph
+        return super().call_function(target, args, kwargs)
+
+
+@dataclass
+class Retraced:
+    graph: fx.GraphModule
+    symbolic: bool
+    shape_env: Any = None
+    placeholders: list = field(default_factory=list)
+
+    def guards_hold(self, inputs, sizes) -> bool:
+        if not self.symbolic:
+            return True
+        return bool(self.shape_env.evaluate_guards_for_args(self.placeholders, list(inputs) + list(sizes)))
+
+
+def plain_sizes(sizes) -> list:
+    return [unwrap_maybe_dynamic_int(s) for s in sizes]
+
+
+def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> Retraced:
+    """Re-traces one captured graph, using one call's real inputs for shapes and strides."""
+    annotate_provenance(gm)
+    sizes = plain_sizes(sizes)
+
+    def run(inputs, sizes, scalars):
+        with torch.no_grad():
+            return _Retracer(gm).run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
+
+    functional = torch.func.functionalize(run, remove="mutations")
+    with fx_traceback.preserve_node_meta(), ca_mod._disable():
+        if not sizes:
+            traced = make_fx(lambda inputs, scalars: functional(inputs, [], scalars),
+                             tracing_mode="fake")(list(inputs), list(scalars))
+            return Retraced(traced, symbolic=False)
+        return _retrace_symbolic(functional, inputs, sizes, scalars)
+
+
+def _retrace_symbolic(functional, inputs, sizes, scalars) -> Retraced:
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    shape_env = ShapeEnv()
+    fake_mode = FakeTensorMode(shape_env=shape_env)
+    fake_inputs = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            fake_inputs.append(t)
+            continue
+        dim = DimDynamic.STATIC if isinstance(t, torch.nn.Parameter) else DimDynamic.DYNAMIC
+        context = StatelessSymbolicContext(dynamic_sizes=[dim] * t.dim())
+        fake_inputs.append(fake_mode.from_tensor(t, source=ConstantSource(f"inputs_{i}"),
+                                                 symbolic_context=context))
+    sym_sizes = [shape_env.create_unspecified_symint_and_symbol(v, ConstantSource(f"sizes_{i}"),
+                                                                 DimDynamic.DYNAMIC)
+                 for i, v in enumerate(sizes)]
+    traced = make_fx(functional, tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
+    return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes)

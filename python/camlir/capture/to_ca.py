@@ -1,0 +1,232 @@
+"""From a re-traced aten graph to a `ca` module.
+
+1. torch-mlir's FX importer turns the aten graph into torch-dialect IR in `func @backward`.
+   Provenance travels as MLIR locations: each FX node's stack trace is replaced by a
+   synthetic frame naming its autograd node, so an op's location reads
+   `loc("AddmmBackward0":2:0)` (`aot0:` prefixed for AOT-compiled regions).
+2. The `camlir::` leaves (imported as `torch.operator "torch.camlir.*"`) become
+   `ca.hook` and `ca.accumulate_grad`.
+3. Consecutive ops with the same provenance are wrapped into one `ca.node` whose operands
+   are the values the ops read from outside and whose results are the values read after it.
+4. Lifted sizes (the `!torch.int` arguments of a symbolic graph) are read through `ca.size`.
+"""
+
+import re
+
+from torch import fx
+from torch_mlir import ir
+from torch_mlir.extras.fx_importer import FxImporter
+
+from camlir.dialects.ca import build, verify_or_raise
+
+from .leaves import LEAF_OPS
+
+_LOC = re.compile(r'loc\("([^"]+)":(\d+):\d+\)')
+
+
+class ImportError_(RuntimeError):
+    """The re-traced graph could not be brought into the `ca` dialect."""
+
+
+def stamp_locations(graph: fx.Graph) -> None:
+    for n in graph.nodes:
+        custom = n.meta.get("custom") or {}
+        if "ca_node" in custom:
+            prefix = f"aot{custom['ca_aot']}:" if "ca_aot" in custom else ""
+            n.meta["stack_trace"] = f'  File "{prefix}{custom["ca_node"]}", line {custom["ca_index"]}, in ca\n'
+        else:
+            n.meta.pop("stack_trace", None)
+
+
+def import_graph(graph: fx.Graph, context: ir.Context, func_name: str = "backward") -> ir.Module:
+    stamp_locations(graph)
+    importer = FxImporter(context=context)
+    importer.import_stateless_graph(graph, func_name=func_name)
+    module = importer.module
+    to_ca(module, func_name)
+    verify_or_raise(module.operation)
+    return module
+
+
+def _provenance(op: ir.Operation):
+    m = _LOC.search(str(op.location))
+    if not m:
+        return None
+    name, index = m.group(1), int(m.group(2))
+    aot = None
+    if ":" in name and name.startswith("aot"):
+        prefix, name = name.split(":", 1)
+        aot = int(prefix[3:])
+    return name, index, aot
+
+
+def _func(module: ir.Module, name: str) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
+            return op.operation
+    raise ImportError_(f"no function @{name} in the imported module")
+
+
+def to_ca(module: ir.Module, func_name: str) -> None:
+    fn = _func(module, func_name)
+    block = fn.regions[0].blocks[0]
+    with module.context, ir.Location.unknown():
+        _convert_leaves(block)
+        _group_nodes(block)
+        _lift_sizes(block)
+
+
+def _constant_int(value: ir.Value) -> int:
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "torch.constant.int":
+        raise ImportError_(f"expected a constant hook index, got {value}")
+    return ir.IntegerAttr(owner.operation.attributes["value"]).value
+
+
+def _list_elements(value: ir.Value) -> list:
+    owner = value.owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "torch.prim.ListConstruct":
+        raise ImportError_(f"expected a list of tensors, got {value}")
+    return list(owner.operation.operands)
+
+
+def _unpack_results(list_value: ir.Value) -> list:
+    """The `torch.prim.ListUnpack` ops reading a hook's list result."""
+    unpacks = [u.owner for u in list_value.uses]
+    if not unpacks or any(u.name != "torch.prim.ListUnpack" for u in unpacks):
+        raise ImportError_("a hook's list result is used other than by torch.prim.ListUnpack")
+    return unpacks
+
+
+def _convert_leaves(block: ir.Block) -> None:
+    for op in list(block.operations):
+        op = op.operation
+        if op.name != "torch.operator":
+            continue
+        target = ir.StringAttr(op.attributes["name"]).value.removeprefix("torch.")
+        if target == "camlir.accumulate_grad":
+            param, _old_grad, grad, _has_post_hooks = op.operands
+            with ir.InsertionPoint(op), op.location:
+                build.accumulate_grad(param, grad)
+            op.erase()
+        elif target in LEAF_OPS:
+            _convert_hook(op, LEAF_OPS[target])
+
+
+def _convert_hook(op: ir.Operation, kind: str) -> None:
+    operands = list(op.operands)
+    hook_id = _constant_int(operands[0])
+    with ir.InsertionPoint(op), op.location:
+        if kind in ("tensor_pre_hook", "post_acc_grad_hook"):
+            new = build.hook(kind, hook_id, [operands[1]], [r.type for r in op.results])
+            for old, res in zip(op.results, new.results):
+                old.replace_all_uses_with(res)
+            op.erase()
+            return
+        args = _list_elements(operands[1])
+        if kind == "post_hook":
+            args += _list_elements(operands[2])
+        unpacks = _unpack_results(op.results[0])
+        result_types = [r.type for r in unpacks[0].results]
+        new = build.hook(kind, hook_id, args, result_types)
+    for unpack in unpacks:
+        for old, res in zip(unpack.results, new.results):
+            old.replace_all_uses_with(res)
+        unpack.erase()
+    op.erase()
+
+
+def _is_inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    """True when `op` is nested (strictly) in `ancestor`'s regions."""
+    op = op.parent
+    while op is not None:
+        if op == ancestor:
+            return True
+        op = op.parent
+    return False
+
+
+def _group_nodes(block: ir.Block) -> None:
+    groups, current, key = [], [], None
+    for op in block.operations:
+        op = op.operation
+        prov = None if op.name.startswith("ca.") or op.name == "func.return" else _provenance(op)
+        if prov is None and op.name.startswith("torch.constant.") and current:
+            current.append(op)  # constants without provenance join the node using them next
+            continue
+        if prov != key and current:
+            groups.append((key, current))
+            current = []
+        key = prov
+        if prov is not None:
+            current.append(op)
+    if current:
+        groups.append((key, current))
+    for (name, index, aot), ops in groups:
+        if all(op.name.startswith("torch.constant.") for op in ops):
+            continue  # e.g. the flags of an accumulation: no computation to wrap
+        _wrap(block, name, index, aot, ops)
+    for op in list(block.operations):
+        op = op.operation
+        if op.name.startswith("torch.constant.") and not any(True for r in op.results for _ in r.uses):
+            op.erase()
+
+
+def _wrap(block: ir.Block, name: str, index: int, aot, ops: list) -> None:
+    members = set()
+    for op in ops:
+        op.walk(lambda o: members.add(o.operation) or ir.WalkResult.ADVANCE)
+    inputs, outputs, cloned = [], [], {}
+    for op in ops:
+        for inner in _all_ops(op):
+            for v in inner.operands:
+                owner = v.owner
+                defined_inside = (isinstance(owner, ir.OpView) and owner.operation in members) or \
+                    (isinstance(owner, ir.Block) and owner.owner in members)
+                if not defined_inside and v not in inputs:
+                    inputs.append(v)
+        for r in op.results:
+            if any(u.owner not in members for u in r.uses):
+                outputs.append(r)
+    # Constants defined outside are copied in rather than passed as operands.
+    const_inputs = [v for v in inputs if isinstance(v.owner, ir.OpView)
+                    and v.owner.operation.name.startswith("torch.constant.")]
+    inputs = [v for v in inputs if v not in const_inputs]
+    with ir.InsertionPoint(ops[0]), ops[0].location:
+        node, body = build.node(name, index, inputs, [v.type for v in outputs], aot=aot)
+    with ir.InsertionPoint(body):
+        for v in const_inputs:
+            cloned[v] = v.owner.operation.clone().results[0]
+        yield_op = build.yield_(outputs)
+    for op in ops:
+        op.move_before(yield_op)
+    replacements = dict(zip(inputs, body.arguments))
+    replacements.update(cloned)
+    for v, new in replacements.items():
+        for use in list(v.uses):
+            if _is_inside(use.owner, node):
+                use.owner.operands[use.operand_number] = new
+    for v, res in zip(outputs, node.results):
+        for use in list(v.uses):
+            if not _is_inside(use.owner, node):
+                use.owner.operands[use.operand_number] = res
+
+
+def _all_ops(op: ir.Operation) -> list:
+    found = []
+    op.walk(lambda o: found.append(o.operation) or ir.WalkResult.ADVANCE)
+    return found
+
+
+def _lift_sizes(block: ir.Block) -> None:
+    int_type = str(ir.Type.parse("!torch.int"))
+    size_args = [a for a in block.arguments if str(a.type) == int_type]
+    if not size_args:
+        return
+    first = list(block.operations)[0]
+    with ir.InsertionPoint(first):
+        for i, arg in enumerate(size_args):
+            size = build.size(i, arg.type, source=arg)
+            for use in list(arg.uses):
+                if use.owner != size:
+                    use.owner.operands[use.operand_number] = size.results[0]

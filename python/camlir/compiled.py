@@ -1,0 +1,138 @@
+"""What camlir hands back to the autograd engine for one captured backward graph.
+
+The engine calls it with each backward's `(inputs, sizes, scalars, hooks, packed_data)`.
+On the first call (only then are real inputs known) the graph is re-traced, imported into
+the `ca` dialect and compiled for the backend in force; later calls reuse that artifact
+while its shape guards hold. The backend and `fullgraph` are read at call time, so one
+captured graph serves `enable(backend=...)` scopes with different settings.
+
+When camlir cannot handle a graph, `fullgraph=True` raises `UnsupportedError` naming the
+node or op; otherwise PyTorch runs the captured graph itself (logged, counted in
+`fallbacks`), so gradients are never wrong.
+"""
+
+import hashlib
+import time
+
+import torch
+
+from . import logs
+from .backends.eager import EagerProgram, InterpreterError
+from .capture.engine import active_settings
+from .capture.retrace import RetraceError, plain_sizes, retrace
+from .capture.to_ca import import_graph
+from .context import make_context
+from .counters import counters
+from .errors import UnsupportedError
+
+_seen_graphs = set()
+_capture_count = [0]
+
+
+def forget_graphs() -> None:
+    _seen_graphs.clear()
+    _capture_count[0] = 0
+
+
+class Artifact:
+    """One compiled variant: the `ca` module, its program, and the guards it assumes."""
+
+    def __init__(self, retraced, module, program, backend):
+        self.retraced = retraced
+        self.module = module
+        self.program = program
+        self.backend = backend
+
+
+class CompiledBackward:
+    def __init__(self, gm, reasons):
+        self.gm = gm
+        self.reasons = reasons
+        self.artifacts = []
+        self.fallback_reason = None
+        counters["captures"] += 1
+        _capture_count[0] += 1
+        self.capture_id = _capture_count[0]
+        if logs.enabled("recompiles"):
+            why = "; ".join(reasons) if reasons else "first backward"
+            logs.log.info("capture %d: %s", self.capture_id, why)
+
+    def __call__(self, inputs, sizes, scalars, hooks, packed_data):
+        settings = active_settings()
+        if settings is None:  # the engine reused this graph after camlir was switched off
+            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        if self.fallback_reason is not None:
+            if settings.fullgraph:
+                raise UnsupportedError(self.fallback_reason)
+            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        sizes_ = plain_sizes(sizes)
+        artifact = self._find(settings.backend, inputs, sizes_)
+        if artifact is None:
+            try:
+                artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
+            except UnsupportedError as exc:
+                if settings.fullgraph:
+                    raise
+                self.fallback_reason = str(exc)
+                counters["fallbacks"] += 1
+                logs.log.warning("camlir: falling back to PyTorch for this backward: %s", exc)
+                return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        else:
+            counters["cache_hits"] += 1
+        args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
+        with torch.no_grad():
+            return list(artifact.program(args, hooks))
+
+    def _find(self, backend, inputs, sizes):
+        for artifact in self.artifacts:
+            if artifact.backend == backend and artifact.retraced.guards_hold(inputs, sizes):
+                return artifact
+        return None
+
+    def _compile(self, settings, inputs, sizes, scalars, hooks, packed_data) -> Artifact:
+        start = time.perf_counter()
+        try:
+            retraced = retrace(self.gm, inputs, sizes, scalars, hooks, packed_data)
+        except RetraceError as exc:
+            raise UnsupportedError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"
+            raise UnsupportedError(f"re-tracing the backward failed: {type(exc).__name__}: {exc}") from exc
+        context = make_context()
+        try:
+            module = import_graph(retraced.graph.graph, context)
+        except Exception as exc:  # noqa: BLE001
+            raise UnsupportedError(f"importing the backward into the ca dialect failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        text = str(module)
+        if logs.enabled("graph"):
+            logs.log.info("captured backward graph %d (%s):\n%s", self.capture_id,
+                          "symbolic sizes" if retraced.symbolic else "static sizes", text)
+        if logs.enabled("verbose"):
+            logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
+        if settings.backend == "cpu":
+            logs.log.info("camlir: the cpu backend is not built yet; graph %d runs on the "
+                          "reference interpreter", self.capture_id)
+        try:
+            program = EagerProgram(module)
+        except InterpreterError as exc:
+            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
+        counters["compiles"] += 1
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest not in _seen_graphs:
+            _seen_graphs.add(digest)
+            counters["unique_graphs"] += 1
+        artifact = Artifact(retraced, module, program, settings.backend)
+        self.artifacts.append(artifact)
+        logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
+        return artifact
+
+
+def _describe(values) -> str:
+    parts = []
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            kind = "param" if isinstance(v, torch.nn.Parameter) else "tensor"
+            parts.append(f"#{i} {kind} {tuple(v.shape)} {v.dtype} stride={v.stride()}")
+        else:
+            parts.append(f"#{i} {type(v).__name__}")
+    return "; ".join(parts)

@@ -1,0 +1,10 @@
+"""Errors camlir raises to users."""
+
+
+class UnsupportedError(RuntimeError):
+    """Raised under `fullgraph=True` when part of a backward would not be compiled.
+
+    The message names the autograd node or op that could not be handled. Without
+    `fullgraph`, the same situation falls back to PyTorch (logged, counted in
+    `camlir.counters["fallbacks"]`) and gradients stay correct.
+    """

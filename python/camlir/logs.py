@@ -1,0 +1,51 @@
+"""Observability: the `CA_LOGS` environment variable and the `camlir` logger.
+
+`CA_LOGS` is a comma-separated list (also settable with `camlir.set_logs("graph,recompiles")`):
+- `graph`: print each captured `ca` module;
+- `verbose`: also the module after every pipeline stage, and tensor metadata;
+- `recompiles`: why a capture happened ("Cache miss due to new autograd node: ...").
+Everything goes through Python `logging` (logger `camlir`), so applications can route it;
+when a kind is switched on and the logger has no handler, one printing to stderr is added.
+"""
+
+import logging
+import os
+import sys
+
+KINDS = ("graph", "verbose", "recompiles")
+log = logging.getLogger("camlir")
+_enabled: set = set()
+_handler = None
+
+
+def set_logs(spec) -> None:
+    """`spec`: a comma-separated string or an iterable of kinds; empty switches all off."""
+    global _handler
+    kinds = [k.strip() for k in (spec.split(",") if isinstance(spec, str) else spec or ()) if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown CA_LOGS kind(s) {unknown}; known: {', '.join(KINDS)}")
+    _enabled.clear()
+    _enabled.update(kinds)
+    if "verbose" in _enabled:
+        _enabled.update(("graph", "recompiles"))
+    if _enabled:
+        if log.level == logging.NOTSET or log.level > logging.INFO:
+            log.setLevel(logging.INFO)
+        if not log.handlers and _handler is None:
+            _handler = logging.StreamHandler(sys.stderr)
+            _handler.setFormatter(logging.Formatter("[camlir] %(message)s"))
+            log.addHandler(_handler)
+            log.propagate = False  # our handler prints it; don't print it twice via the root
+
+
+def enabled(kind: str) -> bool:
+    return kind in _enabled
+
+
+def set_from_environment() -> None:
+    spec = os.environ.get("CA_LOGS", "")
+    try:
+        set_logs(spec)
+    except ValueError as exc:
+        log.warning("ignoring CA_LOGS=%r: %s", spec, exc)
