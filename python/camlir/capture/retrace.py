@@ -146,16 +146,35 @@ def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> R
         with torch.no_grad():
             return _Retracer(gm).run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
 
-    functional = torch.func.functionalize(run, remove="mutations")
     with fx_traceback.preserve_node_meta(), ca_mod._disable():
         if not sizes:
-            traced = make_fx(lambda inputs, scalars: functional(inputs, [], scalars),
+            traced = make_fx(lambda inputs, scalars: run(inputs, [], scalars),
                              tracing_mode="fake")(list(inputs), list(scalars))
+            if _has_mutations(traced):
+                traced = make_fx(_functionalized(traced), tracing_mode="fake")(list(inputs), list(scalars))
             return Retraced(traced, symbolic=False)
-        return _retrace_symbolic(functional, inputs, sizes, scalars)
+        return _retrace_symbolic(run, inputs, sizes, scalars)
 
 
-def _retrace_symbolic(functional, inputs, sizes, scalars) -> Retraced:
+def _has_mutations(traced: fx.GraphModule) -> bool:
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               for n in traced.graph.nodes if n.op == "call_function")
+
+
+def _functionalized(traced: fx.GraphModule):
+    """In-place aten ops (a few backward formulas use them) rewritten functionally.
+
+    Done as a second pass over the aten graph: functionalizing the first trace itself would
+    run AOT backward regions under a functorch transform, which they refuse.
+    """
+    def run(*args):
+        # Through an Interpreter so that preserve_node_meta copies each node's provenance.
+        return fx.Interpreter(traced).run(*torch.utils._pytree.tree_flatten(args)[0])
+
+    return torch.func.functionalize(run, remove="mutations")
+
+
+def _retrace_symbolic(run, inputs, sizes, scalars) -> Retraced:
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -174,5 +193,7 @@ def _retrace_symbolic(functional, inputs, sizes, scalars) -> Retraced:
     sym_sizes = [shape_env.create_unspecified_symint_and_symbol(v, ConstantSource(f"sizes_{i}"),
                                                                  DimDynamic.DYNAMIC)
                  for i, v in enumerate(sizes)]
-    traced = make_fx(functional, tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
+    traced = make_fx(run, tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
+    if _has_mutations(traced):
+        traced = make_fx(_functionalized(traced), tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
     return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes)

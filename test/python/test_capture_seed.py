@@ -1,0 +1,155 @@
+"""The seed document's scenarios, through camlir's reference backend."""
+
+import logging
+
+import pytest
+import torch
+
+import camlir
+from helpers import assert_grads_equal, grads_of
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    camlir.reset()
+    yield
+    camlir.config.enabled = False
+    camlir.reset()
+
+
+def test_linear_global_switch():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 10)
+    x = torch.randn(10)
+    model(x).sum().backward()
+    expected = grads_of(model.parameters())
+    model.zero_grad(set_to_none=True)
+    camlir.config.enabled = True
+    model(x).sum().backward()
+    camlir.config.enabled = False
+    assert_grads_equal([expected], [grads_of(model.parameters())])
+    assert camlir.counters["captures"] == 1
+    assert camlir.counters["compiles"] == 1
+
+
+def test_switch_off_restores_pytorch():
+    camlir.config.enabled = True
+    camlir.config.enabled = False
+    model = torch.nn.Linear(4, 4)
+    model(torch.randn(2, 4)).sum().backward()
+    assert camlir.counters["captures"] == 0
+
+
+def test_linear_enable_and_compile_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 10)
+    x = torch.randn(3, 10)
+    model(x).sum().backward()
+    expected = grads_of(model.parameters())
+    model.zero_grad(set_to_none=True)
+    with camlir.enable():
+        model(x).sum().backward()
+    assert_grads_equal([expected], [grads_of(model.parameters())])
+    model.zero_grad(set_to_none=True)
+    camlir.compile_backward(model(x).sum())
+    assert_grads_equal([expected], [grads_of(model.parameters())])
+    assert camlir.counters["captures"] == 1  # the second backward reused the graph
+    assert camlir.counters["cache_hits"] == 1
+
+
+def test_graph_breaks_give_one_backward_graph():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    lin = [torch.nn.Linear(8, 8) for _ in range(3)]
+
+    def forward(x):
+        x = torch.relu(lin[0](x))
+        torch._dynamo.graph_break()
+        x = torch.relu(lin[1](x))
+        torch._dynamo.graph_break()
+        return lin[2](x).sum()
+
+    x = torch.randn(4, 8)
+    forward(x).backward()
+    params = [p for layer in lin for p in layer.parameters()]
+    expected = grads_of(params)
+    for p in params:
+        p.grad = None
+    compiled = torch.compile(forward, backend="aot_eager")
+    with camlir.enable():
+        compiled(x).backward()
+    assert_grads_equal([expected], [grads_of(params)])
+    assert camlir.counters["unique_graphs"] == 1
+    assert camlir.counters["captures"] == 1
+
+
+def test_tensor_hook_is_captured_as_ca_hook(caplog):
+    torch.manual_seed(0)
+    x = torch.randn(10, requires_grad=True)
+    x.register_hook(lambda g: g * 10)
+    (x * x).sum().backward()
+    expected = x.grad.clone()
+    x.grad = None
+    camlir.set_logs("graph")
+    try:
+        with caplog.at_level(logging.INFO, logger="camlir"):
+            logging.getLogger("camlir").propagate = True
+            with camlir.enable():
+                (x * x).sum().backward()
+    finally:
+        camlir.set_logs("")
+    torch.testing.assert_close(x.grad, expected)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert '"ca.hook"' in text and 'kind = "tensor_pre_hook"' in text
+    assert '"ca.accumulate_grad"' in text
+
+
+def test_new_autograd_node_recaptures_with_reasons(caplog):
+    torch.manual_seed(0)
+    x = torch.randn(4, requires_grad=True)
+    y = torch.randn(4)
+    camlir.set_logs("recompiles")
+    logging.getLogger("camlir").propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger="camlir"), camlir.enable():
+            for op in (torch.add, torch.sub, torch.mul, torch.div):
+                x.grad = None
+                op(x, y).sum().backward()
+                got = x.grad.clone()
+                x.grad = None
+                with camlir.enable(backend="eager"):
+                    pass
+                ref_x = x.detach().clone().requires_grad_()
+                camlir.config.enabled = False
+                op(ref_x, y).sum().backward()
+                torch.testing.assert_close(got, ref_x.grad)
+    finally:
+        camlir.set_logs("")
+    assert camlir.counters["captures"] == 4
+    messages = [r.getMessage() for r in caplog.records]
+    for name in ("SubBackward0", "MulBackward0", "DivBackward0"):
+        assert any("Cache miss due to new autograd node" in m and name in m for m in messages), messages
+
+
+def test_changing_sizes_capture_twice_and_reuse_symbolic_graph(caplog):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 10)
+    camlir.set_logs("recompiles")
+    logging.getLogger("camlir").propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger="camlir"):
+            for batch in (10, 100, 10, 37):
+                x = torch.randn(batch, 10)
+                model.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                expected = grads_of(model.parameters())
+                model.zero_grad(set_to_none=True)
+                with camlir.enable():
+                    model(x).sum().backward()
+                assert_grads_equal([expected], [grads_of(model.parameters())])
+    finally:
+        camlir.set_logs("")
+    assert camlir.counters["captures"] == 2
+    assert any("Cache miss due to" in r.getMessage() and "changed" in r.getMessage() and "shape" in r.getMessage()
+               for r in caplog.records)
+    assert camlir.counters["cache_hits"] == 2  # 10 and 37 reuse the symbolic graph
