@@ -9,6 +9,8 @@
 
 from . import logs
 from .api import compile_backward, enable, reset  # noqa: F401
+from .compiled import captured_graphs  # noqa: F401
+from .summary import summarize  # noqa: F401
 from .config import config  # noqa: F401
 from .context import make_context  # noqa: F401
 from .counters import counters  # noqa: F401

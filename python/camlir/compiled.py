@@ -27,11 +27,18 @@ from .errors import UnsupportedError
 
 _seen_graphs = set()
 _capture_count = [0]
+_compiled = []  # (capture id, Artifact), newest last; cleared by camlir.reset()
 
 
 def forget_graphs() -> None:
     _seen_graphs.clear()
+    _compiled.clear()
     _capture_count[0] = 0
+
+
+def captured_graphs() -> list:
+    """The `ca` modules compiled since the last reset, as (capture id, module text)."""
+    return [(capture_id, str(artifact.module)) for capture_id, artifact in _compiled]
 
 
 class Artifact:
@@ -123,6 +130,7 @@ class CompiledBackward:
             counters["unique_graphs"] += 1
         artifact = Artifact(retraced, module, program, settings.backend)
         self.artifacts.append(artifact)
+        _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
         return artifact
 
