@@ -5,18 +5,27 @@
     with camlir.enable(backend="eager"):     # every backward in the scope
         loss.backward()
     camlir.config.enabled = True             # every backward in the process
+
+The PyTorch-facing API is loaded on first use, so the MLIR tools (`ca-opt`) start without
+importing torch.
 """
 
-from . import logs
-from .api import compile_backward, enable, reset  # noqa: F401
-from .compiled import captured_graphs  # noqa: F401
-from .summary import summarize  # noqa: F401
-from .config import config  # noqa: F401
-from .context import make_context  # noqa: F401
-from .counters import counters  # noqa: F401
-from .errors import UnsupportedError  # noqa: F401
-from .logs import set_logs  # noqa: F401
+import importlib
 
 __version__ = "0.1.0"
 
-logs.set_from_environment()
+_LAZY = {
+    "compile_backward": "api", "enable": "api", "reset": "api",
+    "captured_graphs": "compiled", "summarize": "summary",
+    "config": "settings", "counters": "stats", "UnsupportedError": "errors",
+    "set_logs": "logs", "make_context": "context",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'camlir' has no attribute {name!r}")

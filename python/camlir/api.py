@@ -6,7 +6,7 @@ import torch
 
 from . import compiled
 from .capture import engine
-from .counters import counters
+from .stats import counters
 
 
 def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, fullgraph=None):

@@ -22,7 +22,7 @@ from .capture.engine import active_settings
 from .capture.retrace import RetraceError, plain_sizes, retrace
 from .capture.to_ca import import_graph
 from .context import make_context
-from .counters import counters
+from .stats import counters
 from .errors import UnsupportedError
 
 _seen_graphs = set()

@@ -43,9 +43,11 @@ def enabled(kind: str) -> bool:
     return kind in _enabled
 
 
-def set_from_environment() -> None:
+def set_from_environment() -> None:  # run once, when this module is imported
     spec = os.environ.get("CA_LOGS", "")
     try:
         set_logs(spec)
     except ValueError as exc:
         log.warning("ignoring CA_LOGS=%r: %s", spec, exc)
+
+set_from_environment()

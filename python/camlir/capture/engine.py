@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
-from camlir.config import check_backend, config
+from camlir.settings import check_backend, config
 
 _original_backward = torch.autograd.backward
 _local = threading.local()
