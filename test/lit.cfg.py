@@ -14,7 +14,7 @@ import lit.formats
 
 config.name = "camlir"
 config.test_format = lit.formats.ShTest(execute_external=False)
-config.suffixes = [".mlir"]
+config.suffixes = [".mlir", ".py"]
 config.excludes = ["python", "lit.cfg.py", "lit.site.cfg.py", "lit.site.cfg.py.in", "Inputs"]
 config.test_source_root = os.path.dirname(__file__)
 obj_root = getattr(config, "camlir_obj_root", None)
