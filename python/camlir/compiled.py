@@ -108,8 +108,7 @@ class CompiledBackward:
         try:
             module = import_graph(retraced.graph.graph, context)
         except Exception as exc:  # noqa: BLE001
-            raise UnsupportedError(f"importing the backward into the ca dialect failed: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+            raise UnsupportedError(f"importing the backward into the ca dialect failed: {exc}") from exc
         text = str(module)
         if logs.enabled("graph"):
             logs.log.info("captured backward graph %d (%s):\n%s", self.capture_id,

@@ -200,3 +200,38 @@ def test_cpu_backend_says_it_runs_the_reference_path(caplog):
     eager, ours = eager_and_camlir(lambda: nn.Linear(3, 3), lambda: [torch.randn(2, 3)],
                                    lambda m, x: m(x).sum(), backend="cpu")
     assert_grads_equal(eager, ours)
+
+
+def test_module_pre_hook():
+    def run(use_camlir):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+        model[1].register_full_backward_pre_hook(lambda mod, grad_out: (grad_out[0] * 3,))
+        loss = model(torch.randn(3, 4)).sum()
+        if use_camlir:
+            camlir.compile_backward(loss, fullgraph=True)
+        else:
+            loss.backward()
+        return grads_of(model.parameters())
+
+    assert_grads_equal([run(False)], [run(True)])
+    assert camlir.counters["fallbacks"] == 0
+
+
+def test_unsupported_op_is_named():
+    """Sparse embedding gradients have no MLIR tensor type: fall back, or name the op."""
+    def run(use_camlir, fullgraph=None):
+        torch.manual_seed(0)
+        emb = nn.Embedding(10, 3, sparse=True)
+        loss = emb(torch.tensor([1, 2, 2])).sum()
+        if use_camlir:
+            camlir.compile_backward(loss, fullgraph=fullgraph)
+        else:
+            loss.backward()
+        return emb.weight.grad
+
+    torch.testing.assert_close(run(True).to_dense(), run(False).to_dense())
+    assert camlir.counters["fallbacks"] == 1
+    camlir.reset()
+    with pytest.raises(camlir.UnsupportedError, match=r"_sparse_coo_tensor.*EmbeddingBackward0.*sparse_coo"):
+        run(True, fullgraph=True)

@@ -13,6 +13,7 @@
 
 import re
 
+import torch
 from torch import fx
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import FxImporter
@@ -41,11 +42,35 @@ def stamp_locations(graph: fx.Graph) -> None:
 def import_graph(graph: fx.Graph, context: ir.Context, func_name: str = "backward") -> ir.Module:
     stamp_locations(graph)
     importer = FxImporter(context=context)
-    importer.import_stateless_graph(graph, func_name=func_name)
+    try:
+        importer.import_stateless_graph(graph, func_name=func_name)
+    except Exception as exc:
+        raise ImportError_(_describe_import_failure(exc)) from exc
     module = importer.module
     to_ca(module, func_name)
     verify_or_raise(module.operation)
     return module
+
+
+def _describe_import_failure(exc: BaseException) -> str:
+    """Names the FX node the importer was working on when it failed (found in the
+    traceback: the importer raises bare assertions for things it cannot type)."""
+    node = None
+    tb = exc.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("node")
+        if isinstance(candidate, fx.Node):
+            node = candidate
+        tb = tb.tb_next
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if node is None:
+        return f"the FX importer failed: {detail}"
+    custom = node.meta.get("custom") or {}
+    origin = f" (in autograd node {custom['ca_node']}#{custom['ca_index']})" if "ca_node" in custom else ""
+    val = node.meta.get("val")
+    layout = getattr(val, "layout", None)
+    extra = f"; its result has layout {layout}" if layout is not None and layout != torch.strided else ""
+    return f"op {node.target}{origin} could not be imported into MLIR: {detail}{extra}"
 
 
 def _provenance(op: ir.Operation):
