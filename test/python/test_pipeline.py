@@ -1,12 +1,15 @@
 """The textual pipeline: camlir passes and upstream passes in one string."""
 
+import contextlib
+import dataclasses
+
 import pytest
 from torch_mlir import ir
 
 from camlir.dialects import ca
 from camlir.passes import PipelineError, parse_pipeline, run_pipeline
 from camlir.passes.flatten_nodes import FlattenNodes
-from camlir.passes.base import OptionError
+from camlir.passes.base import CAPass, OptionError
 
 NODE_IR = """
 func.func @f(%g: !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32> {
@@ -67,13 +70,20 @@ def test_pass_options():
     assert FlattenNodes().option_text() == "{keep-provenance=true}"
 
 
+@contextlib.contextmanager
+def registered(cls):
+    """Makes a test-only pass known to the pipeline for the duration of a test."""
+    from camlir.passes import registry
+
+    registry._BY_NAME[cls.argument] = cls
+    try:
+        yield
+    finally:
+        del registry._BY_NAME[cls.argument]
+
+
 def test_pass_that_breaks_ir_is_caught(ctx):
     """The ca verifier runs after each camlir pass: a pass leaving bad IR fails loudly."""
-    import dataclasses
-
-    from camlir.passes import registry
-    from camlir.passes.base import CAPass
-
     @dataclasses.dataclass(frozen=True)
     class BreakHooks(CAPass):
         """Test-only: renames every ca.hook kind to nonsense."""
@@ -89,8 +99,7 @@ def test_pass_that_breaks_ir_is_caught(ctx):
 
             module.walk(visit)
 
-    registry._BY_NAME[BreakHooks.argument] = BreakHooks
-    try:
+    with registered(BreakHooks):
         module = ir.Module.parse("""
 func.func @f(%g: tensor<4xf32>) -> tensor<4xf32> {
   %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
@@ -101,16 +110,9 @@ func.func @f(%g: tensor<4xf32>) -> tensor<4xf32> {
         messages = [d.message for d in info.value.error_diagnostics]
         assert any("unknown hook kind 'nonsense'" in m and "after pass 'test-break-hooks'" in m
                    for m in messages)
-    finally:
-        del registry._BY_NAME[BreakHooks.argument]
 
 
 def test_pass_crash_becomes_a_diagnostic(ctx):
-    import dataclasses
-
-    from camlir.passes import registry
-    from camlir.passes.base import CAPass
-
     @dataclasses.dataclass(frozen=True)
     class Crash(CAPass):
         """Test-only: raises."""
@@ -121,12 +123,9 @@ def test_pass_crash_becomes_a_diagnostic(ctx):
         def run(self, module):
             raise ZeroDivisionError("boom")
 
-    registry._BY_NAME[Crash.argument] = Crash
-    try:
+    with registered(Crash):
         module = ir.Module.parse("func.func @f() { return }")
         with pytest.raises(ir.MLIRError) as info:
             run_pipeline(module, "test-crash")
         assert "test-crash: internal error: ZeroDivisionError('boom')" in info.value.error_diagnostics[0].message
-    finally:
-        del registry._BY_NAME[Crash.argument]
     assert ca.verify(module.operation) == []
