@@ -235,3 +235,19 @@ def test_unsupported_op_is_named():
     camlir.reset()
     with pytest.raises(camlir.UnsupportedError, match=r"_sparse_coo_tensor.*EmbeddingBackward0.*sparse_coo"):
         run(True, fullgraph=True)
+
+
+def test_bad_hooks_give_clear_errors():
+    x = torch.randn(10, requires_grad=True)
+    handle = x.register_hook(lambda g: g.sum(0, keepdim=True))  # wrong shape
+    with pytest.raises(RuntimeError, match=r"tensor_pre_hook '.*<lambda>' changed gradient #0 from \(10,\)"):
+        camlir.compile_backward((x * 2).sum())
+    handle.remove()
+    assert x.grad is None  # nothing was accumulated from the failed backward
+
+    def broken(g):
+        raise ValueError("my hook is broken")
+
+    x.register_hook(broken)
+    with pytest.raises(ValueError, match="my hook is broken"):
+        camlir.compile_backward((x * 3).sum())

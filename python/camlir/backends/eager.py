@@ -151,15 +151,50 @@ def _hook_handler(op):
     ident = ir.IntegerAttr(op.attributes["hook_id"]).value
     n_results = len(op.results)
     if kind == "tensor_pre_hook":
-        return lambda ins, rt: (call_hook(rt.hooks[ident], ins[0], hook_type=kind),)
+        def tensor_pre(ins, rt):
+            out = call_hook(rt.hooks[ident], ins[0], hook_type=kind)
+            _check_hook_results(rt.hooks[ident], kind, ins, (out,))
+            return (out,)
+        return tensor_pre
     if kind == "pre_hook":
-        return lambda ins, rt: tuple(call_hook(rt.hooks[ident], list(ins), hook_type=kind))
+        def pre(ins, rt):
+            outs = tuple(call_hook(rt.hooks[ident], list(ins), hook_type=kind))
+            _check_hook_results(rt.hooks[ident], kind, ins, outs)
+            return outs
+        return pre
     if kind == "post_hook":
         def post(ins, rt):
-            return tuple(call_hook(rt.hooks[ident], list(ins[:n_results]), list(ins[n_results:]),
+            outs = tuple(call_hook(rt.hooks[ident], list(ins[:n_results]), list(ins[n_results:]),
                                    hook_type=kind))
+            _check_hook_results(rt.hooks[ident], kind, ins[:n_results], outs)
+            return outs
         return post
-    return lambda ins, rt: (call_hook(rt.hooks[ident], ins[0], hook_type=kind), ())[1]
+
+    def post_acc_grad(ins, rt):
+        call_hook(rt.hooks[ident], ins[0], hook_type=kind)
+        return ()
+    return post_acc_grad
+
+
+def _check_hook_results(hook, kind, grads, outs) -> None:
+    """A hook must hand back gradients shaped like the ones it got, as the eager engine
+    insists; otherwise broadcasting downstream could silently produce wrong gradients."""
+    if len(outs) != len(grads):
+        raise RuntimeError(f"{kind} {_hook_name(hook)} returned {len(outs)} gradients, expected {len(grads)}")
+    for i, (g, o) in enumerate(zip(grads, outs)):
+        if o is None or g is None:
+            continue
+        if not isinstance(o, torch.Tensor):
+            raise TypeError(f"{kind} {_hook_name(hook)} returned {type(o).__name__} for gradient #{i}, "
+                            f"expected a Tensor or None")
+        if o.shape != g.shape or o.dtype != g.dtype:
+            raise RuntimeError(f"{kind} {_hook_name(hook)} changed gradient #{i} from "
+                               f"{tuple(g.shape)} {g.dtype} to {tuple(o.shape)} {o.dtype}")
+
+
+def _hook_name(hook) -> str:
+    name = getattr(hook, "__qualname__", None) or type(hook).__name__
+    return f"'{name}'"
 
 
 def _accumulate(ins, rt):
