@@ -104,6 +104,9 @@ class CompiledBackward:
             raise UnsupportedError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"
             raise UnsupportedError(f"re-tracing the backward failed: {type(exc).__name__}: {exc}") from exc
+        if logs.enabled("verbose"):
+            logs.log.info("graph %d, stage 'retrace' (aten ops, %s sizes):\n%s", self.capture_id,
+                          "symbolic" if retraced.symbolic else "static", retraced.graph.code)
         context = make_context()
         try:
             module = import_graph(retraced.graph.graph, context)

@@ -81,6 +81,11 @@ def test_graph_breaks_give_one_backward_graph():
     assert_grads_equal([expected], [grads_of(params)])
     assert camlir.counters["unique_graphs"] == 1
     assert camlir.counters["captures"] == 1
+    (_, text), = camlir.captured_graphs()
+    summary = camlir.summarize(text)
+    assert summary["aot_nodes"] == 3  # one node per compiled region, each marked aot<N>
+    assert all(count == 1 for count in summary["node_names"].values()), summary["node_names"]
+    assert summary["accumulate_grad"] == 6
 
 
 def test_tensor_hook_is_captured_as_ca_hook(caplog):
@@ -129,6 +134,20 @@ def test_new_autograd_node_recaptures_with_reasons(caplog):
     messages = [r.getMessage() for r in caplog.records]
     for name in ("SubBackward0", "MulBackward0", "DivBackward0"):
         assert any("Cache miss due to new autograd node" in m and name in m for m in messages), messages
+
+
+def test_verbose_logs_every_stage(caplog):
+    camlir.set_logs("verbose")
+    logging.getLogger("camlir").propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger="camlir"):
+            camlir.compile_backward(torch.nn.Linear(3, 3)(torch.randn(2, 3)).sum())
+    finally:
+        camlir.set_logs("")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    for expected in ("capture 1:", "stage 'retrace'", "stage 'import'", "captured backward graph 1",
+                     "inputs of graph 1: #0 tensor ()", "param (3, 3) torch.float32"):
+        assert expected in text, expected
 
 
 def test_changing_sizes_capture_twice_and_reuse_symbolic_graph(caplog):

@@ -47,7 +47,15 @@ def import_graph(graph: fx.Graph, context: ir.Context, func_name: str = "backwar
     except Exception as exc:
         raise ImportError_(_describe_import_failure(exc)) from exc
     module = importer.module
+    from camlir import logs
+
+    if logs.enabled("verbose"):
+        logs.log.info("stage 'import' (torch dialect, before ca structuring):\n%s", module)
     to_ca(module, func_name)
+    try:
+        module.operation.verify()
+    except ir.MLIRError as exc:
+        raise ImportError_(f"the captured module does not verify: {exc}") from exc
     verify_or_raise(module.operation)
     return module
 
@@ -171,7 +179,55 @@ def _is_inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
     return False
 
 
+def _sink_accumulations(block: ir.Block) -> None:
+    """Moves an accumulation below the rest of the node whose result it accumulates.
+
+    The engine sometimes accumulates one output of a node before the rest of that node's
+    ops run (seen with AOT regions), which would split the node in two. An accumulation has
+    no results and no pure op reads `.grad`, so running it after the rest of the node
+    changes nothing observable. Accumulations keep their order among themselves and never
+    move past a hook or another node.
+    """
+    ops = [op.operation for op in block.operations]
+    for i in reversed(range(len(ops))):
+        if ops[i].name != "ca.accumulate_grad":
+            continue
+        j = i - 1
+        while j >= 0 and (ops[j].name == "ca.accumulate_grad" or _is_constant(ops[j])):
+            j -= 1
+        owner = _provenance(ops[j]) if j >= 0 and _is_compute(ops[j]) else None
+        if owner is None:
+            continue
+        k = i + 1
+        while k < len(ops) and _is_compute(ops[k]) and (_is_constant(ops[k]) or _provenance(ops[k]) == owner):
+            k += 1
+        while k > i + 1 and _is_constant(ops[k - 1]):
+            k -= 1  # constants after the node's last op belong to what follows
+        if k > i + 1:
+            ops[i].move_after(ops[k - 1])
+            ops.insert(k - 1, ops.pop(i))
+
+
+def _is_constant(op: ir.Operation) -> bool:
+    return op.name.startswith("torch.constant.")
+
+
+def _is_compute(op: ir.Operation) -> bool:
+    """A torch-dialect op of a node's body (not a `ca` op, not the terminator)."""
+    return not op.name.startswith("ca.") and op.name != "func.return"
+
+
+def _erase_dead_constants(block: ir.Block) -> None:
+    # E.g. the flags of the accumulation leaves, unused once they became ca.accumulate_grad.
+    for op in list(block.operations):
+        op = op.operation
+        if _is_constant(op) and not any(True for r in op.results for _ in r.uses):
+            op.erase()
+
+
 def _group_nodes(block: ir.Block) -> None:
+    _erase_dead_constants(block)
+    _sink_accumulations(block)
     groups, current, key = [], [], None
     for op in block.operations:
         op = op.operation
@@ -188,13 +244,8 @@ def _group_nodes(block: ir.Block) -> None:
     if current:
         groups.append((key, current))
     for (name, index, aot), ops in groups:
-        if all(op.name.startswith("torch.constant.") for op in ops):
-            continue  # e.g. the flags of an accumulation: no computation to wrap
-        _wrap(block, name, index, aot, ops)
-    for op in list(block.operations):
-        op = op.operation
-        if op.name.startswith("torch.constant.") and not any(True for r in op.results for _ in r.uses):
-            op.erase()
+        if not all(_is_constant(op) for op in ops):
+            _wrap(block, name, index, aot, ops)
 
 
 def _wrap(block: ir.Block, name: str, index: int, aot, ops: list) -> None:
