@@ -304,3 +304,48 @@ func.func @unknown_ca_op() {
   "ca.bogus"() : () -> ()
   return
 }
+
+// -----
+
+func.func @hook_body_not_symbol(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{'body' must be a flat symbol reference, got "hook_0"}}
+  %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, body = "hook_0"} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+memref.global "private" @not_a_func : memref<4xf32>
+
+func.func @hook_body_not_func(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{'body' @not_a_func must be a func.func, is 'memref.global'}}
+  %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, body = @not_a_func} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @post_acc_grad_hook_not_tensor(%p: i64) {
+  // expected-error@+1 {{kind 'post_acc_grad_hook' operand must be a tensor, got i64}}
+  "ca.hook"(%p) {kind = "post_acc_grad_hook", hook_id = 0 : i64} : (i64) -> ()
+  return
+}
+
+// -----
+
+func.func @yield_with_results(%g: tensor<4xf32>) {
+  %r = "ca.node"(%g) ({
+  ^bb0(%a: tensor<4xf32>):
+    // expected-error@+1 {{'ca.yield' op must not have results}}
+    %x = "ca.yield"(%a) : (tensor<4xf32>) -> (tensor<4xf32>)
+  }) {node = "NegBackward0", index = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @size_two_sources(%s: !torch.int) {
+  // expected-error@+1 {{takes at most 1 operand and returns 1 result, got 2 -> 1}}
+  %n = "ca.size"(%s, %s) {index = 0 : i64} : (!torch.int, !torch.int) -> !torch.int
+  return
+}
