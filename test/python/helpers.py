@@ -1,6 +1,8 @@
 """Shared helpers for the gradient tests: run a step eagerly and through camlir, compare."""
 
+import contextlib
 import copy
+import logging
 
 import torch
 
@@ -45,3 +47,23 @@ def assert_grads_equal(eager, ours, **tol):
             else:
                 assert o is not None, "camlir produced no gradient where eager did"
                 torch.testing.assert_close(o, e, **tol)
+
+
+@contextlib.contextmanager
+def camlir_logs(kinds):
+    """Switches the given CA_LOGS kinds on and collects what the `camlir` logger says."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(logging.INFO)
+    logger = logging.getLogger("camlir")
+    logger.addHandler(handler)
+    camlir.set_logs(kinds)
+    try:
+        yield messages
+    finally:
+        camlir.set_logs("")
+        logger.removeHandler(handler)
