@@ -43,9 +43,9 @@ def tensor_sig(t: ir.Type) -> Optional[TensorSig]:
     if isinstance(t, ir.RankedTensorType):
         rt = ir.RankedTensorType(t)
         shape = tuple(None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank))
-        return TensorSig(shape, _builtin_dtype(str(rt.element_type)))
+        return TensorSig(shape, str(rt.element_type))
     if isinstance(t, ir.UnrankedTensorType):
-        return TensorSig(None, _builtin_dtype(str(ir.UnrankedTensorType(t).element_type)))
+        return TensorSig(None, str(ir.UnrankedTensorType(t).element_type))
     m = _TORCH_TENSOR.match(str(t))
     if not m:
         return None
@@ -63,10 +63,6 @@ def tensor_sig(t: ir.Type) -> Optional[TensorSig]:
         ) if inner else ()
     dtype = dtype.strip()
     return TensorSig(shape, _TORCH_DTYPES.get(dtype, dtype) if dtype != "unk" else None)
-
-
-def _builtin_dtype(name: str) -> str:
-    return name
 
 
 def is_tensor(t: ir.Type) -> bool:

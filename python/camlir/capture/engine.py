@@ -77,14 +77,10 @@ _lock = threading.Lock()
 _scoped = {"count": 0}  # enable() scopes open on any thread
 
 
-def _scoped_users() -> int:
-    return _scoped["count"]
-
-
 def refresh_patch() -> None:
     """Installs the backward wrapper while anything uses camlir, removes it otherwise."""
     with _lock:
-        wanted = config.enabled or _scoped_users() > 0
+        wanted = config.enabled or _scoped["count"] > 0
         torch.autograd.backward = _camlir_backward if wanted else _original_backward
 
 

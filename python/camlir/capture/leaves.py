@@ -21,6 +21,7 @@ _state = threading.local()
 
 
 def set_current_hooks(hooks) -> None:
+    """For running a re-traced aten graph directly (debugging): the hooks its leaves call."""
     _state.hooks = hooks
 
 
