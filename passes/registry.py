@@ -3,8 +3,10 @@
 from typing import Optional
 
 from .flatten_nodes import FlattenNodes
+from .inline_hooks import InlineHooks
+from .outline_kernels import OutlineKernels
 
-PASSES = (FlattenNodes,)
+PASSES = (FlattenNodes, OutlineKernels, InlineHooks)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

@@ -1,0 +1,249 @@
+"""ca-outline-kernels: split a flat backward into a host function and compute kernels."""
+
+import dataclasses
+
+from torch_mlir import ir
+from torch_mlir.dialects import func
+
+from .base import CAPass, PassFailure
+
+# Ops the host keeps and clones into each kernel that reads them: they make scalars and
+# lists, which kernels cannot return and which cost nothing to recompute.
+_CLONEABLE_PREFIXES = ("torch.constant.",)
+_CLONEABLE = ("torch.prim.ListConstruct",)
+# Host ops that are not barriers: accumulation has no results that compute reads, and a
+# size is a scalar handed to kernels as an argument.
+_TRANSPARENT = ("ca.accumulate_grad", "ca.size")
+# Host ops that are barriers: anything that runs Python (a hook, a call-back) may observe
+# or change state, so compute is not moved across them.
+_BARRIERS = ("ca.hook", "ca.call_python")
+
+
+def default_extern_ops() -> frozenset:
+    """The aten ops the lowering cannot take (they stay on the host, run through torch)."""
+    try:
+        from camlir.lowering.torch_to_linalg import EXTERN_OPS
+    except ImportError:  # the lowering package is optional for ca-opt users
+        return frozenset()
+    return frozenset(EXTERN_OPS)
+
+
+def is_cloneable(op: ir.Operation) -> bool:
+    return op.name.startswith(_CLONEABLE_PREFIXES) or op.name in _CLONEABLE
+
+
+def torch_op_name(op: ir.Operation) -> str:
+    """`aten.mm` for `torch.aten.mm`; for `torch.operator "torch.aten.x"` the operator name."""
+    if op.name == "torch.operator":
+        return ir.StringAttr(op.attributes["name"]).value.removeprefix("torch.")
+    return op.name.removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutlineKernels(CAPass):
+    """Moves every maximal run of compute into its own `func.func` kernel.
+
+    What remains in `@backward` is the host program the runtime walks: kernel calls, hooks
+    that stay calls into Python, accumulation into `.grad`, and extern ops (aten ops with no
+    lowering, see `docs/op-coverage.md`). Kernels are plain torch-dialect functions with
+    the `ca.kernel` attribute, which the lowering takes to linalg and the backends compile.
+
+    Runs are cut only at barriers: `ca.hook`, `ca.call_python` and extern ops. Accumulation
+    does not cut a run: it moves after the kernel that computes its gradient (no compute
+    reads `.grad`, and it never moves past a hook, which might). Constants and list
+    constructions stay on the host and are cloned into every kernel that reads them.
+    Requires flat code (`ca-flatten-nodes` first).
+
+    Before:
+    ```mlir
+    func.func @backward(%g: !torch.vtensor<[4],f32>, %p: !torch.vtensor<[4],f32>) {
+      %0 = torch.aten.neg %g : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
+      "ca.accumulate_grad"(%p, %0) : (!torch.vtensor<[4],f32>, !torch.vtensor<[4],f32>) -> ()
+      %1 = "ca.hook"(%0) {hook_id = 0 : i64, kind = "tensor_pre_hook"} : (!torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32>
+      %2 = torch.aten.mul.Tensor %1, %g : !torch.vtensor<[4],f32>, !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
+      "ca.accumulate_grad"(%p, %2) : (!torch.vtensor<[4],f32>, !torch.vtensor<[4],f32>) -> ()
+      return
+    }
+    ```
+    After:
+    ```mlir
+    func.func @backward(%g: !torch.vtensor<[4],f32>, %p: !torch.vtensor<[4],f32>) {
+      %0 = call @backward_kernel_0(%g) : (!torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32>
+      "ca.accumulate_grad"(%p, %0) : (!torch.vtensor<[4],f32>, !torch.vtensor<[4],f32>) -> ()
+      %1 = "ca.hook"(%0) {hook_id = 0 : i64, kind = "tensor_pre_hook"} : (!torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32>
+      %2 = call @backward_kernel_1(%1, %g) : (!torch.vtensor<[4],f32>, !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32>
+      "ca.accumulate_grad"(%p, %2) : (!torch.vtensor<[4],f32>, !torch.vtensor<[4],f32>) -> ()
+      return
+    }
+    func.func private @backward_kernel_0(%arg0: !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32> attributes {ca.kernel} {
+      %0 = torch.aten.neg %arg0 : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
+      return %0 : !torch.vtensor<[4],f32>
+    }
+    func.func private @backward_kernel_1(...)  // the mul
+    ```
+    """
+
+    argument = "ca-outline-kernels"
+    summary = "Outline runs of compute into ca.kernel functions; the host keeps hooks and accumulation"
+
+    function: str = "backward"
+
+    def run(self, module: ir.Operation) -> None:
+        host = _find_func(module, self.function)
+        if host is None:
+            raise PassFailure(f"no function @{self.function} to outline", module)
+        block = host.regions[0].blocks[0]
+        extern = default_extern_ops()
+        segment, n_kernels = [], 0
+        for op in list(block.operations):
+            op = op.operation
+            if op.name == "ca.node":
+                raise PassFailure("ca-outline-kernels needs flat code: run ca-flatten-nodes first", op)
+            if op.name == "func.return" or op.name in _TRANSPARENT or is_cloneable(op):
+                continue
+            if op.name in _BARRIERS or torch_op_name(op) in extern:
+                n_kernels += _outline(module, host, segment, n_kernels)
+                segment = []
+                continue
+            segment.append(op)
+        n_kernels += _outline(module, host, segment, n_kernels)
+        _erase_dead_cloneables(block)
+
+
+def _find_func(module: ir.Operation, name: str):
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    return None
+
+
+def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -> int:
+    """Moves `ops` (in block order) into a new kernel; returns 1 if one was made."""
+    if not ops:
+        return 0
+    members = set(ops)
+    inputs, outputs = [], []
+    for op in ops:
+        for v in op.operands:
+            owner = v.owner
+            inside = isinstance(owner, ir.OpView) and owner.operation in members
+            if not inside and not _is_cloneable_value(v) and v not in inputs:
+                inputs.append(v)
+        for r in op.results:
+            if any(u.owner not in members for u in r.uses) and r not in outputs:
+                outputs.append(r)
+    if not outputs:  # nothing reads it: pure compute is dead
+        for op in reversed(ops):
+            op.erase()
+        return 0
+    name = f"{ir.StringAttr(host.attributes['sym_name']).value}_kernel_{number}"
+    with host.context, host.location:
+        fn_type = ir.FunctionType.get([v.type for v in inputs], [v.type for v in outputs])
+        with ir.InsertionPoint(module.regions[0].blocks[0]):
+            kernel = func.FuncOp(name, fn_type, visibility="private")
+        kernel.attributes["ca.kernel"] = ir.UnitAttr.get()
+        body = kernel.add_entry_block()
+        last = ops[-1]
+        after = _next_op(last)
+        with ir.InsertionPoint(after) if after is not None else ir.InsertionPoint(last.parent.regions[0].blocks[0]):
+            call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), inputs)
+        with ir.InsertionPoint(body):
+            ret = func.ReturnOp(outputs)
+    # Host ops interleaved with the run that read its results move after the call.
+    first = ops[0]
+    between = _ops_between(first, call.operation)
+    movers = [op for op in between if op not in members]
+    for old, new in zip(outputs, call.results):
+        for use in list(old.uses):
+            if use.owner not in members and use.owner != ret.operation:
+                use.owner.operands[use.operand_number] = new
+    anchor = call.operation
+    for op in movers:
+        if any(isinstance(v.owner, ir.OpView) and v.owner.operation == call.operation for v in op.operands):
+            op.move_after(anchor)
+            anchor = op
+    for op in ops:
+        op.move_before(ret.operation)
+    for v, arg in zip(inputs, body.arguments):
+        for use in list(v.uses):
+            if _inside(use.owner, kernel.operation):
+                use.owner.operands[use.operand_number] = arg
+    _clone_cloneables_into(kernel.operation, body)
+    return 1
+
+
+def _is_cloneable_value(v: ir.Value) -> bool:
+    owner = v.owner
+    return isinstance(owner, ir.OpView) and is_cloneable(owner.operation) and not _reads_tensors(owner.operation)
+
+
+def _reads_tensors(op: ir.Operation) -> bool:
+    return any(str(v.type).startswith(("!torch.vtensor", "!torch.tensor")) for v in op.operands)
+
+
+def _clone_cloneables_into(kernel: ir.Operation, body: ir.Block) -> None:
+    """Copies host constants and lists read by the kernel to the top of its body."""
+    first = list(body.operations)[0]
+    clones = {}
+
+    def clone(v):
+        if v in clones:
+            return clones[v]
+        op = v.owner.operation
+        for operand in op.operands:
+            if _is_cloneable_value(operand):
+                clone(operand)
+        with ir.InsertionPoint(first):
+            new = op.clone()
+        for i, operand in enumerate(op.operands):
+            if operand in clones:
+                new.operands[i] = clones[operand]
+        for old_r, new_r in zip(op.results, new.results):
+            clones[old_r] = new_r
+        return clones[v]
+
+    targets = []
+    kernel.walk(lambda o: targets.append(o.operation) or ir.WalkResult.ADVANCE)
+    for op in targets:
+        for i, v in enumerate(op.operands):
+            if not _inside(op, kernel) or not _is_cloneable_value(v):
+                continue
+            if _inside(v.owner.operation, kernel):
+                continue
+            op.operands[i] = clone(v)
+
+
+def _erase_dead_cloneables(block: ir.Block) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(list(block.operations)):
+            op = op.operation
+            if is_cloneable(op) and not any(True for r in op.results for _ in r.uses):
+                op.erase()
+                changed = True
+
+
+def _next_op(op: ir.Operation):
+    block_ops = list(op.block.operations)
+    for i, o in enumerate(block_ops):
+        if o.operation == op:
+            return block_ops[i + 1].operation if i + 1 < len(block_ops) else None
+    return None
+
+
+def _ops_between(first: ir.Operation, last: ir.Operation) -> list:
+    block_ops = [o.operation for o in first.block.operations]
+    start = block_ops.index(first)
+    end = block_ops.index(last)
+    return block_ops[start:end]
+
+
+def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    op = op.parent
+    while op is not None:
+        if op == ancestor:
+            return True
+        op = op.parent
+    return False
