@@ -17,6 +17,7 @@ import time
 import torch
 
 from . import logs
+from .backends.cpu.program import CpuProgram
 from .backends.eager import EagerProgram, InterpreterError
 from .capture.engine import active_settings
 from .capture.retrace import RetraceError, plain_sizes, retrace
@@ -90,6 +91,30 @@ class CompiledBackward:
         with torch.no_grad():
             return list(artifact.program(args, hooks))
 
+    def _eager_program(self, module):
+        try:
+            return EagerProgram(module)
+        except InterpreterError as exc:
+            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
+
+    def _cpu_program(self, module, retraced, inputs):
+        """Native code when the cpu backend can compile the graph; otherwise the reference
+        interpreter, which is slower but exact (logged and counted in `interpreted`)."""
+        if retraced.symbolic:
+            reason = "its sizes are symbolic (the cpu backend compiles static shapes)"
+        else:
+            try:
+                program = CpuProgram(module, list(inputs))
+                logs.log.debug("graph %d: %d kernels compiled in %.3f s", self.capture_id,
+                               len(program.kernels), program.compile_seconds)
+                return program
+            except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
+                reason = f"{type(exc).__name__}: {exc}"
+        counters["interpreted"] += 1
+        logs.log.warning("camlir: the cpu backend cannot compile graph %d (%s); it runs on the "
+                         "reference interpreter", self.capture_id, reason.splitlines()[0])
+        return self._eager_program(module)
+
     def _find(self, backend, inputs, sizes):
         for artifact in self.artifacts:
             if artifact.backend == backend and artifact.retraced.guards_hold(inputs, sizes):
@@ -119,12 +144,9 @@ class CompiledBackward:
         if logs.enabled("verbose"):
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
         if settings.backend == "cpu":
-            logs.log.info("camlir: the cpu backend is not built yet; graph %d runs on the "
-                          "reference interpreter", self.capture_id)
-        try:
-            program = EagerProgram(module)
-        except InterpreterError as exc:
-            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
+            program = self._cpu_program(module, retraced, inputs)
+        else:
+            program = self._eager_program(module)
         counters["compiles"] += 1
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in _seen_graphs:

@@ -5,12 +5,14 @@
 - unique_graphs: distinct `ca` modules compiled (by their printed IR);
 - cache_hits: backward calls served by an artifact compiled earlier;
 - disk_cache_hits: artifacts loaded from the on-disk cache (no disk cache yet: stays 0);
-- fallbacks: backward graphs run by PyTorch instead, because camlir could not handle them.
+- fallbacks: backward graphs run by PyTorch instead, because camlir could not handle them;
+- interpreted: graphs the cpu backend could not compile, run by camlir's reference
+  interpreter instead (correct, not fast; the log says why).
 """
 
 import collections
 
-KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits", "fallbacks")
+KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits", "fallbacks", "interpreted")
 
 
 class Counters(collections.Counter):

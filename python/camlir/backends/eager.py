@@ -80,7 +80,9 @@ class EagerProgram:
         return self.program.run(list(args), Runtime(hooks, callbacks))
 
 
-def _compile_block(block: ir.Block, terminator: str) -> _Program:
+def _compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
+    """`extra(op)` may return a handler for ops this interpreter does not know (the cpu
+    backend's kernel calls); None means "not mine"."""
     slots = {}
 
     def slot(v):
@@ -97,16 +99,16 @@ def _compile_block(block: ir.Block, terminator: str) -> _Program:
             continue
         if op.name in _NO_OPS:
             continue
-        fn = _handler(op)
+        fn = (extra(op) if extra is not None else None) or _handler(op, extra)
         steps.append(_Step(fn, tuple(slot(v) for v in op.operands), tuple(slot(r) for r in op.results)))
     return _Program(len(slots), arg_slots, steps, result_slots)
 
 
-def _handler(op: ir.Operation):
+def _handler(op: ir.Operation, extra=None):
     name = op.name
     attrs = op.attributes
     if name == "ca.node":
-        body = _compile_block(op.regions[0].blocks[0], terminator="ca.yield")
+        body = _compile_block(op.regions[0].blocks[0], terminator="ca.yield", extra=extra)
         return lambda ins, rt: body.run(ins, rt)
     if name == "ca.hook":
         return _hook_handler(op)

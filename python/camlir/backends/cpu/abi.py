@@ -103,7 +103,13 @@ class Kernel:
 
     def __call__(self, args: list) -> list:
         descs = self._descs
+        keep = None
         for desc, t in zip(descs, args):
+            if not t.is_contiguous():
+                # A layout the variant did not expect (a hook's result, a later call):
+                # copy rather than read it with the wrong strides.
+                t = t.contiguous()
+                keep = [t] if keep is None else keep + [t]
             p = t.data_ptr()
             desc.allocated = p
             desc.aligned = p
@@ -113,4 +119,5 @@ class Kernel:
             desc.allocated = p
             desc.aligned = p
         self._fn(self._packed)
+        del keep
         return outs

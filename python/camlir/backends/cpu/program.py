@@ -1,0 +1,86 @@
+"""The cpu backend: a captured `ca` module compiled to native kernels plus a host program.
+
+Compile (once per variant; each stage printable with `CA_LOGS=verbose`):
+
+    layouts     strided inputs become permutes of contiguous ones      (layouts.py)
+    pipeline    ca-inline-hooks, ca-flatten-nodes, ca-outline-kernels, ca-lower-to-linalg
+    codegen     fuse, bufferize, BLAS calls, LLVM, JIT                  (codegen.py)
+    host        the rest of @backward as a list of steps               (backends/eager.py)
+
+Run: the host program walks its steps: a kernel call (native, through pre-built
+descriptors), a hook that stayed a Python call, an accumulation into `.grad` (PyTorch's
+own rule: steal or assign when `.grad` is None, add in place otherwise), an extern op.
+"""
+
+import time
+
+import torch
+from torch_mlir import ir
+
+from camlir import logs
+from camlir.backends.eager import Runtime, _compile_block
+from camlir.passes.pipeline import run_pipeline
+
+from . import abi, codegen, layouts
+
+LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels,ca-lower-to-linalg"
+
+
+class CpuProgram:
+    def __init__(self, module: ir.Module, example_args: list, func_name: str = "backward", fuse=None):
+        start = time.perf_counter()
+        with module.context, ir.Location.unknown():
+            work = ir.Module.parse(str(module))
+            host = _func(work, func_name)
+            self.arg_perms = layouts.specialize_layouts(host, example_args)
+            if any(self.arg_perms):
+                _dump("layouts", work)
+            run_pipeline(work, LOWERING)
+            _dump("lowered", work)
+            self.lowered_text = str(work)
+            kernel_module = ir.Module.create()
+            specs = {}
+            for op in list(work.body.operations):
+                op = op.operation
+                if op.name == "func.func" and "ca.kernel" in op.attributes:
+                    name = ir.StringAttr(op.attributes["sym_name"]).value
+                    ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                    specs[name] = ([abi.TensorSpec.from_type(t) for t in ftype.inputs],
+                                   [abi.TensorSpec.from_type(t) for t in ftype.results])
+                    op.clone(ir.InsertionPoint(kernel_module.body))
+        engine = codegen.compile_kernels(kernel_module, fuse=fuse) if specs else None
+        self.kernels = {name: abi.Kernel(engine, name, ins, outs) for name, (ins, outs) in specs.items()}
+        self.program = _compile_block(host.regions[0].blocks[0], terminator="func.return", extra=self._extra)
+        self._perm_args = [(i, p) for i, p in enumerate(self.arg_perms) if p is not None]
+        self.compile_seconds = time.perf_counter() - start
+
+    def _extra(self, op: ir.Operation):
+        if op.name == "func.call":
+            kernel = self.kernels[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
+            return lambda ins, rt: kernel(ins)
+        if op.name.startswith("torch_c."):
+            return _identity
+        return None
+
+    def __call__(self, args, hooks, callbacks=()):
+        args = list(args)
+        for i, p in self._perm_args:
+            args[i] = args[i].permute(p)
+        return self.program.run(args, Runtime(hooks, callbacks))
+
+
+def _identity(ins, rt):
+    return ins
+
+
+def _func(module: ir.Module, name: str) -> ir.Operation:
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise ValueError(f"no function @{name}")
+
+
+def _dump(stage: str, module: ir.Module) -> None:
+    if logs.enabled("verbose"):
+        logs.log.info("cpu backend, after stage '%s':\n%s", stage, module)
