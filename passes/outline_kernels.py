@@ -99,8 +99,10 @@ class OutlineKernels(CAPass):
             op = op.operation
             if op.name == "ca.node":
                 raise PassFailure("ca-outline-kernels needs flat code: run ca-flatten-nodes first", op)
-            if op.name == "func.return" or op.name in _TRANSPARENT or is_cloneable(op):
+            if op.name == "func.return" or op.name in _TRANSPARENT:
                 continue
+            if is_cloneable(op) and not _reads_tensors(op):
+                continue  # a list of tensors is compute: it goes where its tensors are
             if op.name in _BARRIERS or torch_op_name(op) in extern:
                 n_kernels += _outline(module, host, segment, n_kernels)
                 segment = []

@@ -109,10 +109,12 @@ class CompiledBackward:
                                len(program.kernels), program.compile_seconds)
                 return program
             except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = _headline(exc)
+                if logs.enabled("verbose"):
+                    logs.log.info("cpu compile failure of graph %d in full:\n%s", self.capture_id, exc)
         counters["interpreted"] += 1
         logs.log.warning("camlir: the cpu backend cannot compile graph %d (%s); it runs on the "
-                         "reference interpreter", self.capture_id, reason.splitlines()[0])
+                         "reference interpreter", self.capture_id, reason)
         return self._eager_program(module)
 
     def _find(self, backend, inputs, sizes):
@@ -157,6 +159,16 @@ class CompiledBackward:
         _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
         return artifact
+
+
+def _headline(exc: BaseException) -> str:
+    """The line of an exception that says what went wrong: MLIR's pipeline errors put the
+    diagnostic (`error: ... 'op' ...`) after a generic first line."""
+    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+    for line in lines:
+        if "error:" in line:
+            return f"{type(exc).__name__}: {line}"
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _describe(values) -> str:

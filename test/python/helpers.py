@@ -13,7 +13,15 @@ def grads_of(params):
     return [None if p.grad is None else p.grad.detach().clone() for p in params]
 
 
-def eager_and_camlir(make_model, make_inputs, loss_fn, steps=1, backend="eager", **enable_kwargs):
+_BACKEND = ["eager"]
+
+
+def use_backend(name: str) -> None:
+    """The backend `eager_and_camlir` uses when the test does not name one."""
+    _BACKEND[0] = name
+
+
+def eager_and_camlir(make_model, make_inputs, loss_fn, steps=1, backend=None, **enable_kwargs):
     """Runs `steps` backward passes on two identical copies of a model: one with PyTorch's
     engine, one through camlir. Returns (eager grads, camlir grads) per step."""
     torch.manual_seed(0)
@@ -31,7 +39,7 @@ def eager_and_camlir(make_model, make_inputs, loss_fn, steps=1, backend="eager",
         loss_fn(model, *inputs).backward()
         eager.append(grads_of(list(model.parameters()) + [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]))
         torch.manual_seed(7)
-        with camlir.enable(backend=backend, **enable_kwargs):
+        with camlir.enable(backend=backend or _BACKEND[0], **enable_kwargs):
             loss_fn(twin, *twin_inputs).backward()
         ours.append(grads_of(list(twin.parameters()) + [i for i in twin_inputs if isinstance(i, torch.Tensor) and i.requires_grad]))
     return eager, ours

@@ -7,18 +7,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import camlir
+import helpers
 from helpers import assert_grads_equal, eager_and_camlir
 
 
-@pytest.fixture(autouse=True)
-def fresh():
+@pytest.fixture(autouse=True, params=["eager", "cpu"])
+def backend(request):
+    """Every case runs on the reference interpreter and on the cpu backend."""
     camlir.reset()
-    yield
+    helpers.use_backend(request.param)
+    yield request.param
+    helpers.use_backend("eager")
     camlir.reset()
 
 
 def _no_fallbacks():
     assert camlir.counters["fallbacks"] == 0
+    assert camlir.counters["interpreted"] == 0  # the cpu backend compiled every graph
     assert camlir.counters["compiles"] >= 1
 
 
