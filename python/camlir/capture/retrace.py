@@ -25,6 +25,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import leaves  # noqa: F401  (registers the camlir:: ops)
+from .decompositions import decomposition_table
 
 _ORIGIN = re.compile(r"^\s*(\S[^\n]*?) \(NodeCall (\d+)\)\s*$", re.M)
 _AOT_NAME = re.compile(r"^(aot\d+(?:_\d+)?)_")
@@ -148,10 +149,11 @@ def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> R
 
     with fx_traceback.preserve_node_meta(), ca_mod._disable():
         if not sizes:
-            traced = make_fx(lambda inputs, scalars: run(inputs, [], scalars),
-                             tracing_mode="fake")(list(inputs), list(scalars))
+            traced = make_fx(lambda inputs, scalars: run(inputs, [], scalars), tracing_mode="fake",
+                             decomposition_table=decomposition_table())(list(inputs), list(scalars))
             if _has_mutations(traced):
-                traced = make_fx(_functionalized(traced), tracing_mode="fake")(list(inputs), list(scalars))
+                traced = make_fx(_functionalized(traced), tracing_mode="fake",
+                                 decomposition_table=decomposition_table())(list(inputs), list(scalars))
             return Retraced(traced, symbolic=False)
         return _retrace_symbolic(run, inputs, sizes, scalars)
 
@@ -193,7 +195,9 @@ def _retrace_symbolic(run, inputs, sizes, scalars) -> Retraced:
     sym_sizes = [shape_env.create_unspecified_symint_and_symbol(v, ConstantSource(f"sizes_{i}"),
                                                                  DimDynamic.DYNAMIC)
                  for i, v in enumerate(sizes)]
-    traced = make_fx(run, tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
+    traced = make_fx(run, tracing_mode="symbolic",
+                     decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
     if _has_mutations(traced):
-        traced = make_fx(_functionalized(traced), tracing_mode="symbolic")(fake_inputs, sym_sizes, list(scalars))
+        traced = make_fx(_functionalized(traced), tracing_mode="symbolic",
+                         decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
     return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes)

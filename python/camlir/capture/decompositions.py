@@ -1,0 +1,50 @@
+"""The aten decompositions camlir applies while re-tracing a captured backward.
+
+Kept minimal on purpose: an op is decomposed here only when torch-mlir cannot lower it to
+linalg (measured on the zoo and the per-op tests, see docs/op-coverage.md). Everything
+torch-mlir lowers stays whole, in particular matmul-class ops (`mm`, `addmm`, `bmm`) and
+`convolution`/`convolution_backward`, which camlir's JIT hands to BLAS-like kernels; and
+the backward formulas torch-mlir handles (softmax, GELU, threshold, NLL, max-pool, ...).
+
+Not used: torch-mlir's `fx_decomp_util` table and PyTorch's core-aten table. They are
+written for `torch.export` forward graphs and decompose far more (e.g. `addmm` into
+`mm` + `add`, `_log_softmax` into elementwise ops); the core table also emits
+`squeeze.dims`, which torch-mlir rejects.
+
+The `camlir::` leaves (hooks, accumulation) are custom ops with no decomposition, so
+tracing leaves them alone.
+"""
+
+import functools
+
+import torch
+from torch._decomp import get_decompositions
+
+aten = torch.ops.aten
+
+# Each: torch-mlir has no linalg lowering for the op (it fails to convert, or is not a
+# torch-dialect op at all and is imported as `torch.operator`); PyTorch's decomposition
+# gives ops it does lower. The decomposed forms are in comments.
+_DECOMPOSED = [
+    # LayerNormBackward0: reductions and elementwise ops.
+    aten.native_layer_norm_backward,
+    # NativeBatchNormBackward0 (training and eval): reductions and elementwise ops.
+    aten.native_batch_norm_backward,
+    # EmbeddingBackward0: a masked `_unsafe_index_put(accumulate=True)` (a scatter-add,
+    # lowered to `tm_tensor.scatter`, then loops).
+    aten.embedding_dense_backward,
+    aten._unsafe_masked_index_put_accumulate,
+    # IndexSelectBackward0 writes `zeros().index_add_()`: an `index_put(accumulate=True)`.
+    aten.index_add,
+    # SliceBackward0 / SelectBackward0: `new_zeros` + `slice_scatter` / `select_scatter`
+    # (tensor.insert_slice).
+    aten.slice_backward,
+    aten.select_backward,
+]
+
+
+@functools.cache
+def decomposition_table() -> dict:
+    """OpOverload -> decomposition, for `make_fx(..., decomposition_table=...)` (shared: do
+    not modify)."""
+    return get_decompositions(_DECOMPOSED)
