@@ -4,9 +4,11 @@ from typing import Optional
 
 from .flatten_nodes import FlattenNodes
 from .inline_hooks import InlineHooks
+from .lower_to_linalg import LowerToLinalg
 from .outline_kernels import OutlineKernels
 
-PASSES = (FlattenNodes, OutlineKernels, InlineHooks)
+# In the order the compile pipeline runs them.
+PASSES = (InlineHooks, FlattenNodes, OutlineKernels, LowerToLinalg)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

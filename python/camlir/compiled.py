@@ -20,6 +20,7 @@ from . import logs
 from .backends.cpu.program import CpuProgram
 from .backends.eager import EagerProgram, InterpreterError
 from .capture.engine import active_settings
+from .capture.hook_trace import trace_hooks
 from .capture.retrace import RetraceError, plain_sizes, retrace
 from .capture.to_ca import import_graph
 from .context import make_context
@@ -45,11 +46,12 @@ def captured_graphs() -> list:
 class Artifact:
     """One compiled variant: the `ca` module, its program, and the guards it assumes."""
 
-    def __init__(self, retraced, module, program, backend):
+    def __init__(self, retraced, module, program, backend, hook_guard=None):
         self.retraced = retraced
         self.module = module
         self.program = program
         self.backend = backend
+        self.hook_guard = hook_guard  # what inlined hook bodies assume (None: nothing inlined)
 
 
 class CompiledBackward:
@@ -74,7 +76,7 @@ class CompiledBackward:
                 raise UnsupportedError(self.fallback_reason)
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         sizes_ = plain_sizes(sizes)
-        artifact = self._find(settings.backend, inputs, sizes_)
+        artifact = self._find(settings.backend, inputs, sizes_, hooks)
         if artifact is None:
             try:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
@@ -117,10 +119,15 @@ class CompiledBackward:
                          "reference interpreter", self.capture_id, reason)
         return self._eager_program(module)
 
-    def _find(self, backend, inputs, sizes):
+    def _find(self, backend, inputs, sizes, hooks):
         for artifact in self.artifacts:
-            if artifact.backend == backend and artifact.retraced.guards_hold(inputs, sizes):
+            if artifact.backend != backend or not artifact.retraced.guards_hold(inputs, sizes):
+                continue
+            guard = artifact.hook_guard
+            if guard is None or guard.holds(hooks):
                 return artifact
+            if logs.enabled("recompiles"):
+                logs.log.info("capture %d recompiles: %s", self.capture_id, guard.reason(hooks))
         return None
 
     def _compile(self, settings, inputs, sizes, scalars, hooks, packed_data) -> Artifact:
@@ -145,7 +152,11 @@ class CompiledBackward:
                           "symbolic sizes" if retraced.symbolic else "static sizes", text)
         if logs.enabled("verbose"):
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
+        hook_guard = None
         if settings.backend == "cpu":
+            # Hooks that are safe to trace get bodies that ca-inline-hooks inlines; the
+            # reference backend keeps calling every hook, as the eager engine does.
+            hook_guard = trace_hooks(module, hooks, device="cpu")
             program = self._cpu_program(module, retraced, inputs)
         else:
             program = self._eager_program(module)
@@ -154,7 +165,7 @@ class CompiledBackward:
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
             counters["unique_graphs"] += 1
-        artifact = Artifact(retraced, module, program, settings.backend)
+        artifact = Artifact(retraced, module, program, settings.backend, hook_guard)
         self.artifacts.append(artifact)
         _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)

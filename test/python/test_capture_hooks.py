@@ -190,14 +190,6 @@ def test_bad_arguments_are_named():
         camlir.set_logs("graphs")
 
 
-def test_cpu_backend_says_it_runs_the_reference_path():
-    with camlir_logs("graph") as messages:
-        eager, ours = eager_and_camlir(lambda: nn.Linear(3, 3), lambda: [torch.randn(2, 3)],
-                                       lambda m, x: m(x).sum(), backend="cpu")
-    assert_grads_equal(eager, ours)
-    assert any("cpu backend is not built yet" in m for m in messages)
-
-
 def test_module_pre_hook():
     def run(use_camlir):
         torch.manual_seed(0)
