@@ -3,12 +3,13 @@
 from typing import Optional
 
 from .flatten_nodes import FlattenNodes
+from .fuse_elementwise import FuseElementwise
 from .inline_hooks import InlineHooks
 from .lower_to_linalg import LowerToLinalg
 from .outline_kernels import OutlineKernels
 
 # In the order the compile pipeline runs them.
-PASSES = (InlineHooks, FlattenNodes, OutlineKernels, LowerToLinalg)
+PASSES = (InlineHooks, FlattenNodes, OutlineKernels, LowerToLinalg, FuseElementwise)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

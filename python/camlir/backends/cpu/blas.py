@@ -17,7 +17,8 @@ Two rewrites:
   below in MLIR. Transposed maps become `memref.transpose` views, and a zero `linalg.fill`
   of the output right before the matmul becomes `beta = 0`. The wrapper reads the strides
   at run time, picks the transpose flags and leading dimensions, and copies an operand to a
-  packed buffer only when neither of its dims is unit-stride.
+  packed buffer only when neither of its dims is unit-stride. A `ca.alpha` attribute
+  (a folded scalar epilogue, see passes/fuse_elementwise.py) becomes the BLAS `alpha`.
 """
 
 import ctypes
@@ -68,6 +69,8 @@ def fold_transposes(module: ir.Module) -> int:
         with mm.context, mm.location, ir.InsertionPoint(mm):
             new = linalg.matmul(ins[0], ins[1], outs=[mm.operands[2]],
                                 indexing_maps=maps)
+        if "ca.alpha" in mm.attributes:  # a folded epilogue: part of the matmul's meaning
+            new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
         mm.results[0].replace_all_uses_with(new)
         mm.erase()
         folded += 1
@@ -129,8 +132,11 @@ def _rewrite(op, name: str, batched: bool) -> None:
             beta = 0.0
         rank = 3 if batched else 2
         args = [_to_dynamic(v, rank) for v in (a, b, c)]
+        # `ca.alpha` is set by ca-fuse-elementwise when it folds a scalar epilogue.
+        alpha = ir.FloatAttr(op.attributes["ca.alpha"]).value if "ca.alpha" in op.attributes else 1.0
+        alpha_v = arith.ConstantOp(elem_type, alpha).result
         beta_v = arith.ConstantOp(elem_type, beta).result
-        func.CallOp([], ir.FlatSymbolRefAttr.get(name), args + [beta_v])
+        func.CallOp([], ir.FlatSymbolRefAttr.get(name), args + [alpha_v, beta_v])
     op.erase()
 
 
@@ -176,7 +182,7 @@ def _zero_fill_before(op, c):
 _GEMM = """
 func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?>>,
                                %B: memref<?x?x{t}, strided<[?, ?], offset: ?>>,
-                               %C: memref<?x?x{t}, strided<[?, ?], offset: ?>>, %beta: {t}) {{
+                               %C: memref<?x?x{t}, strided<[?, ?], offset: ?>>, %alpha: {t}, %beta: {t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %m = memref.dim %C, %c0 : memref<?x?x{t}, strided<[?, ?], offset: ?>>
@@ -192,7 +198,6 @@ func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?
   %mi = arith.index_cast %m : index to i32
   %ni = arith.index_cast %n : index to i32
   %ki = arith.index_cast %k : index to i32
-  %alpha = arith.constant 1.0 : {t}
   %sTa = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
   %sTb = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
   %sM = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
@@ -299,7 +304,7 @@ func.func private @{p}gemm_(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.pt
 _BGEMM = """
 func.func private @camlir_bgemm_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>>,
                                 %B: memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>>,
-                                %C: memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>>, %beta: {t}) {{
+                                %C: memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>>, %alpha: {t}, %beta: {t}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %nb = memref.dim %C, %c0 : memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>>
@@ -311,7 +316,7 @@ func.func private @camlir_bgemm_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?], off
     %a = memref.subview %A[%i, 0, 0] [1, %m, %k] [1, 1, 1] : memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>> to memref<?x?x{t}, strided<[?, ?], offset: ?>>
     %b = memref.subview %B[%i, 0, 0] [1, %k, %n] [1, 1, 1] : memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>> to memref<?x?x{t}, strided<[?, ?], offset: ?>>
     %c = memref.subview %C[%i, 0, 0] [1, %m, %n] [1, 1, 1] : memref<?x?x?x{t}, strided<[?, ?, ?], offset: ?>> to memref<?x?x{t}, strided<[?, ?], offset: ?>>
-    func.call @camlir_gemm_{t}(%a, %b, %c, %beta) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>, {t}) -> ()
+    func.call @camlir_gemm_{t}(%a, %b, %c, %alpha, %beta) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>, {t}, {t}) -> ()
   }}
   return
 }}

@@ -1,6 +1,5 @@
 """From linalg-on-tensors kernels to native code, one readable stage at a time.
 
-    fuse        linalg-fuse-elementwise-ops + camlir's matmul epilogue folds (passes/fuse_elementwise)
     blas-maps   transposes feeding matmuls become indexing maps (no copies)
     bufferize   one-shot-bufferize; inputs are read-only; results become out-parameters
                 that the runtime allocates with torch; temporaries are freed
@@ -24,6 +23,7 @@ from camlir import logs
 from . import blas
 
 _BUFFERIZE = (
+    "canonicalize",  # drops transposes that fold_transposes left without users
     "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}",
     "canonicalize", "cse",
     "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}",
@@ -89,13 +89,10 @@ def _copies_to_linalg(module: ir.Module) -> None:
         op.erase()
 
 
-def compile_kernels(module: ir.Module, *, opt_level: int = 3, fuse=None) -> ExecutionEngine:
-    """Lowers a module of linalg-on-tensors kernels (in place) and JIT-compiles it."""
+def compile_kernels(module: ir.Module, *, opt_level: int = 3) -> ExecutionEngine:
+    """Lowers a module of fused linalg-on-tensors kernels (in place) and JIT-compiles it."""
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
-        if fuse is not None:
-            fuse(module)
-            _dump("fuse", module)
         blas.fold_transposes(module)
         _dump("blas-maps", module)
         _mark_inputs_read_only(module)

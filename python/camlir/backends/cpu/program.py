@@ -3,7 +3,8 @@
 Compile (once per variant; each stage printable with `CA_LOGS=verbose`):
 
     layouts     strided inputs become permutes of contiguous ones      (layouts.py)
-    pipeline    ca-inline-hooks, ca-flatten-nodes, ca-outline-kernels, ca-lower-to-linalg
+    pipeline    ca-inline-hooks, ca-flatten-nodes, ca-outline-kernels, ca-lower-to-linalg,
+                ca-fuse-elementwise
     codegen     fuse, bufferize, BLAS calls, LLVM, JIT                  (codegen.py)
     host        the rest of @backward as a list of steps               (backends/eager.py)
 
@@ -23,11 +24,11 @@ from camlir.passes.pipeline import run_pipeline
 
 from . import abi, codegen, layouts
 
-LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels,ca-lower-to-linalg"
+LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels,ca-lower-to-linalg,ca-fuse-elementwise"
 
 
 class CpuProgram:
-    def __init__(self, module: ir.Module, example_args: list, func_name: str = "backward", fuse=None):
+    def __init__(self, module: ir.Module, example_args: list, func_name: str = "backward"):
         start = time.perf_counter()
         with module.context, ir.Location.unknown():
             work = ir.Module.parse(str(module))
@@ -48,7 +49,7 @@ class CpuProgram:
                     specs[name] = ([abi.TensorSpec.from_type(t) for t in ftype.inputs],
                                    [abi.TensorSpec.from_type(t) for t in ftype.results])
                     op.clone(ir.InsertionPoint(kernel_module.body))
-        engine = codegen.compile_kernels(kernel_module, fuse=fuse) if specs else None
+        engine = codegen.compile_kernels(kernel_module) if specs else None
         self.kernels = {name: abi.Kernel(engine, name, ins, outs) for name, (ins, outs) in specs.items()}
         self.program = _compile_block(host.regions[0].blocks[0], terminator="func.return", extra=self._extra)
         self._perm_args = [(i, p) for i, p in enumerate(self.arg_perms) if p is not None]

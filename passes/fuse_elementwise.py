@@ -1,0 +1,194 @@
+"""ca-fuse-elementwise: fuse the elementwise code of lowered kernels into fewer loops."""
+
+import dataclasses
+
+from torch_mlir import ir
+from torch_mlir.passmanager import PassManager
+
+from .base import CAPass
+
+# Ops that become one loop nest (or one library call) each: what "kernel count" counts.
+STRUCTURED = ("linalg.generic", "linalg.matmul", "linalg.batch_matmul", "linalg.transpose",
+              "linalg.fill", "linalg.copy", "linalg.broadcast", "linalg.map", "linalg.reduce",
+              "linalg.conv_2d_nchw_fchw", "linalg.pooling_nchw_max", "tm_tensor.scatter")
+
+
+def count_kernels(module: ir.Operation) -> int:
+    """Loop nests and library calls in the `ca.kernel` functions of `module`."""
+    found = [0]
+
+    def visit(op):
+        name = op.operation.name
+        if name in STRUCTURED or name.startswith(("linalg.conv", "linalg.pooling", "linalg.depthwise")):
+            found[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    for fn in _kernels(module):
+        fn.walk(visit)
+    return found[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class FuseElementwise(CAPass):
+    """Fuses elementwise producers into their consumers and scalar epilogues into matmuls,
+    in every `ca.kernel` function (linalg on tensors).
+
+    Steps, each for a reason:
+    1. Unshare initial values: CSE merges identical `linalg.fill`s, so two matmuls end up
+       accumulating into "the same" zero tensor and bufferization has to copy it. Each
+       consumer gets its own fill (a fill costs nothing extra: it is fused into `beta = 0`
+       of the BLAS call later).
+    2. Upstream `linalg-fuse-elementwise-ops`, which fuses a producer into its consumer only
+       when the consumer is the producer's single user: an expensive producer (GELU's
+       backward: exp and erf) is never recomputed for several consumers, and no value is
+       kept alive longer than eager PyTorch would keep it. Broadcasts (`expand`) and the
+       math of inlined hooks are generics too, so they fuse the same way.
+    3. Scalar epilogues into matmuls: `x * c` applied to the only use of a matmul that
+       starts from zero becomes the matmul's `ca.alpha` attribute (the BLAS `alpha`). This
+       is how a hook such as `lambda g: g * 0.5` on a weight costs nothing: eager pays a
+       full pass over the gradient for it.
+    4. Canonicalize and CSE, which also drop transposes that step 3 of the BLAS rewrite
+       made dead.
+
+    Before:
+    ```mlir
+    %b = linalg.generic {maps = [()->(), (i,j)->(i,j)]} ins(%s : tensor<f32>) outs(%e) { yield %in }
+    %g = linalg.generic {maps = [id, id, id]} ins(%b, %x) outs(%e) { %m = arith.mulf %in, %in_1 ; yield %m }
+    %z = linalg.fill ins(%c0) outs(%e2)
+    %w = linalg.matmul ins(%g, %y) outs(%z)
+    %h = linalg.generic {maps = [id, id]} ins(%w) outs(%e2) { %m = arith.mulf %in, %c05 ; yield %m }
+    ```
+    After:
+    ```mlir
+    %g = linalg.generic {maps = [()->(), id, id]} ins(%s, %x) outs(%e) { %m = arith.mulf %in, %in_1 ; yield %m }
+    %z = linalg.fill ins(%c0) outs(%e2)
+    %w = linalg.matmul {ca.alpha = 5.000000e-01 : f32} ins(%g, %y) outs(%z)
+    ```
+    """
+
+    argument = "ca-fuse-elementwise"
+    summary = "Fuse elementwise producers, broadcasts and scalar epilogues in ca.kernel functions"
+
+    epilogues: bool = True
+
+    def run(self, module: ir.Operation) -> None:
+        if not _kernels(module):
+            return
+        with module.context, ir.Location.unknown():
+            _unshare_inits(module)
+            _run(module, "builtin.module(func.func(linalg-fuse-elementwise-ops),canonicalize,cse)")
+            if self.epilogues:
+                while _fold_scalar_epilogue(module):
+                    pass
+            _unshare_inits(module)  # the last canonicalize/cse may have merged fills again
+        _run(module, "builtin.module(canonicalize)")
+        with module.context, ir.Location.unknown():
+            _unshare_inits(module)
+
+
+def _kernels(module: ir.Operation) -> list:
+    return [op.operation for op in module.regions[0].blocks[0].operations
+            if op.operation.name == "func.func" and "ca.kernel" in op.operation.attributes]
+
+
+def _run(module: ir.Operation, pipeline: str) -> None:
+    PassManager.parse(pipeline, module.context).run(module)
+
+
+def _unshare_inits(module: ir.Operation) -> None:
+    """Gives every DPS consumer of a multiply-used `linalg.fill`/`tensor.empty` its own."""
+    for fn in _kernels(module):
+        inits = []
+        fn.walk(lambda o: (inits.append(o.operation)
+                           if o.operation.name in ("linalg.fill", "tensor.empty") else None)
+                or ir.WalkResult.ADVANCE)
+        for init in inits:
+            uses = list(init.results[0].uses)
+            if len(uses) < 2:
+                continue
+            for use in uses[1:]:
+                owner = use.owner
+                if owner.name not in STRUCTURED:
+                    continue
+                with ir.InsertionPoint(owner):
+                    clone = _clone_chain(init)
+                owner.operands[use.operand_number] = clone.results[0]
+
+
+def _clone_chain(init: ir.Operation) -> ir.Operation:
+    """Clones a fill together with its own `tensor.empty` (so that one is not shared either)."""
+    if init.name == "linalg.fill":
+        empty = init.operands[1].owner
+        clone = init.clone()
+        if isinstance(empty, ir.OpView) and empty.operation.name == "tensor.empty":
+            new_empty = empty.operation.clone()
+            new_empty.move_before(clone)
+            clone.operands[1] = new_empty.results[0]
+        return clone
+    return init.clone()
+
+
+def _fold_scalar_epilogue(module: ir.Operation) -> bool:
+    for fn in _kernels(module):
+        generics = []
+        fn.walk(lambda o: (generics.append(o.operation) if o.operation.name == "linalg.generic" else None)
+                or ir.WalkResult.ADVANCE)
+        for g in generics:
+            hit = _epilogue_of_matmul(g)
+            if hit is None:
+                continue
+            mm, factor = hit
+            old = ir.FloatAttr(mm.attributes["ca.alpha"]).value if "ca.alpha" in mm.attributes else 1.0
+            elem = ir.RankedTensorType(mm.results[0].type).element_type
+            mm.attributes["ca.alpha"] = ir.FloatAttr.get(elem, old * factor)
+            g.results[0].replace_all_uses_with(mm.results[0])
+            g.erase()
+            return True
+    return False
+
+
+def _epilogue_of_matmul(g: ir.Operation):
+    """(matmul, c) when `g` computes `matmul_result * c` elementwise and is its only user."""
+    if len(g.results) != 1 or len(g.operands) != 2:
+        return None
+    if any(str(t) != '"parallel"' and str(t) != "#linalg.iterator_type<parallel>"
+           for t in ir.ArrayAttr(g.attributes["iterator_types"])):
+        return None
+    maps = [str(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(g.attributes["indexing_maps"])]
+    if len(set(maps)) != 1:
+        return None
+    src = g.operands[0]
+    mm = src.owner
+    if not isinstance(mm, ir.OpView) or mm.operation.name != "linalg.matmul":
+        return None
+    mm = mm.operation
+    if len(list(src.uses)) != 1 or src.type != g.results[0].type or not _starts_from_zero(mm):
+        return None
+    body = g.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or ops[0].name != "arith.mulf" or ops[1].name != "linalg.yield":
+        return None
+    if ops[1].operands[0] != ops[0].results[0]:
+        return None
+    a, b = ops[0].operands
+    arg = body.arguments[0]
+    other = b if a == arg else a if b == arg else None
+    if other is None:
+        return None
+    factor = _constant_float(other)
+    return None if factor is None else (mm, factor)
+
+
+def _starts_from_zero(mm: ir.Operation) -> bool:
+    init = mm.operands[2].owner
+    if not isinstance(init, ir.OpView) or init.operation.name != "linalg.fill":
+        return False
+    return _constant_float(init.operation.operands[0]) == 0.0
+
+
+def _constant_float(v: ir.Value):
+    owner = v.owner
+    if not isinstance(owner, ir.OpView) or owner.operation.name != "arith.constant":
+        return None
+    attr = owner.operation.attributes["value"]
+    return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
