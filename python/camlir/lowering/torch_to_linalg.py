@@ -6,8 +6,9 @@ Output, in place: the same functions on builtin tensors, with ops only from `fun
 `linalg`, `tensor`, `arith`, `math` and `scf` (the set `ALLOWED_DIALECTS`).
 
 Steps:
-0. With dynamic dims, static sizes a transpose's result claims are cast onto its input
-   (`transpose_types.py`; works around torch-mlir emitting an invalid `linalg.transpose`).
+0. With dynamic dims, static sizes the import claims but torch-mlir cannot derive are
+   handled first (`dynamic_dims.py`): casts onto transpose inputs, results returned through
+   an identity op typed as declared.
 1. torch-mlir's `torch-function-to-torch-backend-pipeline`: shape/dtype refinement and
    torch-mlir's own decompositions, down to its backend contract.
 2. `torch-backend-to-linalg-on-tensors-backend-pipeline`: torch ops to linalg/tensor/arith/
@@ -26,7 +27,7 @@ from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
 from .tm_tensor import lower_tm_tensor
-from .transpose_types import refine_transpose_inputs
+from .dynamic_dims import pin_results, refine_transpose_inputs
 
 # Ops that stay outside the JIT kernels and are called through torch at run time.
 EXTERN_OPS = frozenset({
@@ -100,6 +101,7 @@ def lower_to_linalg(module: ir.Module) -> None:
     if externs:
         raise LoweringError("input check", externs, "these ops are extern: call them through torch")
     refine_transpose_inputs(module)
+    pin_results(module)
     try:
         _run(module, _TORCH_BACKEND)
     except ir.MLIRError as exc:
