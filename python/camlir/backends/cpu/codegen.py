@@ -1,6 +1,7 @@
 """From linalg-on-tensors kernels to native code, one readable stage at a time.
 
     blas-maps   transposes feeding matmuls become indexing maps (no copies)
+    math        f32 exp/erf become polynomials LLVM can vectorize (math_approx.py)
     bufferize   one-shot-bufferize; inputs are read-only; results become out-parameters
                 that the runtime allocates with torch; temporaries are freed
     blas-calls  matmuls become calls into MKL through the wrappers in blas.py
@@ -20,7 +21,7 @@ from torch_mlir.passmanager import PassManager
 
 from camlir import logs
 
-from . import blas
+from . import blas, math_approx
 
 _BUFFERIZE = (
     "canonicalize",  # drops transposes that fold_transposes left without users
@@ -95,6 +96,8 @@ def compile_kernels(module: ir.Module, *, opt_level: int = 3) -> ExecutionEngine
     with module.context, ir.Location.unknown():
         blas.fold_transposes(module)
         _dump("blas-maps", module)
+        math_approx.approximate_math(module)
+        _dump("math", module)
         _mark_inputs_read_only(module)
         _run(module, "bufferize", _BUFFERIZE)
         _copies_to_linalg(module)
