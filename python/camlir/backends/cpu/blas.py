@@ -93,8 +93,9 @@ def _swap_results(m) -> "ir.AffineMap":
 # ---------------------------------------------------------------------------------------
 # Buffer level: matmuls into calls.
 
-def matmuls_to_calls(module: ir.Module) -> int:
-    """Replaces memref matmuls by BLAS wrapper calls; adds the wrappers that are used."""
+def matmuls_to_calls(module: ir.Module) -> set:
+    """Replaces memref matmuls by BLAS wrapper calls; returns the wrappers to add with
+    `add_wrappers` (after loop lowering: the wrappers' own loops are not vectorized)."""
     targets = []
     module.operation.walk(lambda o: (targets.append(o.operation)
                                      if o.operation.name in ("linalg.matmul", "linalg.batch_matmul") else None)
@@ -110,9 +111,7 @@ def matmuls_to_calls(module: ir.Module) -> int:
         name = f"camlir_{'bgemm' if batched else 'gemm'}_{elem}"
         _rewrite(op, name, batched)
         needed.add((name, elem, batched))
-    if needed:
-        _add_wrappers(module, needed)
-    return len(targets)
+    return needed
 
 
 def _rewrite(op, name: str, batched: bool) -> None:
@@ -224,7 +223,7 @@ func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?
   %same = func.call @camlir_same_{t}(%C, %Cc) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> i1
   scf.if %same {{
   }} else {{
-    linalg.copy ins(%Cc : memref<?x?x{t}, strided<[?, ?], offset: ?>>) outs(%C : memref<?x?x{t}, strided<[?, ?], offset: ?>>)
+    func.call @camlir_copy_{t}(%Cc, %C) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> ()
     memref.dealloc %Cc : memref<?x?x{t}, strided<[?, ?], offset: ?>>
   }}
   %sameA = func.call @camlir_same_{t}(%A, %Ap) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> i1
@@ -259,8 +258,8 @@ func.func private @camlir_pack_{t}(%X: memref<?x?x{t}, strided<[?, ?], offset: ?
     scf.yield %X : memref<?x?x{t}, strided<[?, ?], offset: ?>>
   }} else {{
     %new = memref.alloc(%sz#0, %sz#1) : memref<?x?x{t}>
-    linalg.copy ins(%X : memref<?x?x{t}, strided<[?, ?], offset: ?>>) outs(%new : memref<?x?x{t}>)
     %cast = memref.cast %new : memref<?x?x{t}> to memref<?x?x{t}, strided<[?, ?], offset: ?>>
+    func.call @camlir_copy_{t}(%X, %cast) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> ()
     scf.yield %cast : memref<?x?x{t}, strided<[?, ?], offset: ?>>
   }}
   return %r : memref<?x?x{t}, strided<[?, ?], offset: ?>>
@@ -289,6 +288,22 @@ func.func private @camlir_operand_{t}(%X: memref<?x?x{t}, strided<[?, ?], offset
   %p = llvm.getelementptr %p0[%off_i] : (!llvm.ptr, i64) -> !llvm.ptr, {t}
   %lead_i = arith.index_cast %lead : index to i32
   return %p, %lead_i, %flag : !llvm.ptr, i32, i8
+}}
+
+// Plain loops, not linalg.copy: the wrappers must stay out of the affine vectorizer,
+// which refuses their fully dynamic layouts.
+func.func private @camlir_copy_{t}(%X: memref<?x?x{t}, strided<[?, ?], offset: ?>>, %Y: memref<?x?x{t}, strided<[?, ?], offset: ?>>) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %r = memref.dim %X, %c0 : memref<?x?x{t}, strided<[?, ?], offset: ?>>
+  %c = memref.dim %X, %c1 : memref<?x?x{t}, strided<[?, ?], offset: ?>>
+  scf.for %i = %c0 to %r step %c1 {{
+    scf.for %j = %c0 to %c step %c1 {{
+      %v = memref.load %X[%i, %j] : memref<?x?x{t}, strided<[?, ?], offset: ?>>
+      memref.store %v, %Y[%i, %j] : memref<?x?x{t}, strided<[?, ?], offset: ?>>
+    }}
+  }}
+  return
 }}
 
 func.func private @camlir_same_{t}(%X: memref<?x?x{t}, strided<[?, ?], offset: ?>>, %Y: memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> i1 {{
@@ -323,7 +338,7 @@ func.func private @camlir_bgemm_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?], off
 """
 
 
-def _add_wrappers(module: ir.Module, needed: set) -> None:
+def add_wrappers(module: ir.Module, needed: set) -> None:
     elems = {elem for _, elem, _ in needed}
     text = ""
     for elem in sorted(elems):
