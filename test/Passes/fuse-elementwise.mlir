@@ -1,0 +1,98 @@
+// RUN: ca-opt %s --split-input-file --ca-fuse-elementwise | FileCheck %s
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{epilogues=false})' | FileCheck %s --check-prefix=NOEPI
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#scalar = affine_map<(d0, d1) -> ()>
+// A broadcast (expand of the loss gradient) and the multiply using it: one loop.
+// CHECK-LABEL: func.func private @broadcast_then_mul
+// CHECK: linalg.generic
+// CHECK-SAME: ins(%{{.*}}, %{{.*}} : tensor<f32>, tensor<8x4xf32>)
+// CHECK: arith.mulf
+// CHECK-NOT: linalg.generic
+// CHECK: return
+func.func private @broadcast_then_mul(%s: tensor<f32>, %x: tensor<8x4xf32>) -> tensor<8x4xf32> attributes {ca.kernel} {
+  %e = tensor.empty() : tensor<8x4xf32>
+  %b = linalg.generic {indexing_maps = [#scalar, #id], iterator_types = ["parallel", "parallel"]} ins(%s : tensor<f32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    linalg.yield %in : f32
+  } -> tensor<8x4xf32>
+  %m = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%b, %x : tensor<8x4xf32>, tensor<8x4xf32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %out: f32):
+    %0 = arith.mulf %in, %in_1 : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  return %m : tensor<8x4xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+// A hook's `g * 0.5` on a matmul result becomes the matmul's BLAS alpha; without
+// epilogue folding it stays a loop.
+// CHECK-LABEL: func.func private @matmul_then_scale
+// CHECK: linalg.fill
+// CHECK: linalg.matmul {ca.alpha = 5.000000e-01 : f32}
+// CHECK-NOT: linalg.generic
+// NOEPI-LABEL: func.func private @matmul_then_scale
+// NOEPI: linalg.matmul ins
+// NOEPI: linalg.generic
+func.func private @matmul_then_scale(%a: tensor<8x16xf32>, %b: tensor<16x4xf32>) -> tensor<8x4xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %half = arith.constant 0.5 : f32
+  %e = tensor.empty() : tensor<8x4xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %mm = linalg.matmul ins(%a, %b : tensor<8x16xf32>, tensor<16x4xf32>) outs(%f : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %s = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]} ins(%mm : tensor<8x4xf32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = arith.mulf %in, %half : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  return %s : tensor<8x4xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+// Negative: the expensive producer (exp) has two users, so it is not fused into either
+// (that would compute exp twice); the matmul accumulates into a bias (not zero), so the
+// scale cannot become alpha.
+// CHECK-LABEL: func.func private @shared_producer
+// CHECK: math.exp
+// CHECK-NOT: math.exp
+// CHECK: linalg.matmul ins
+// CHECK: arith.mulf
+// CHECK: return
+func.func private @shared_producer(%x: tensor<8x8xf32>, %bias: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8x8xf32>) attributes {ca.kernel} {
+  %half = arith.constant 0.5 : f32
+  %e = tensor.empty() : tensor<8x8xf32>
+  %ex = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]} ins(%x : tensor<8x8xf32>) outs(%e : tensor<8x8xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = math.exp %in : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x8xf32>
+  %mm = linalg.matmul ins(%ex, %ex : tensor<8x8xf32>, tensor<8x8xf32>) outs(%bias : tensor<8x8xf32>) -> tensor<8x8xf32>
+  %s = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]} ins(%mm : tensor<8x8xf32>) outs(%e : tensor<8x8xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = arith.mulf %in, %half : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x8xf32>
+  return %s, %ex : tensor<8x8xf32>, tensor<8x8xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+// Two matmuls starting from one CSE'd zero fill each get their own (no copy later).
+// CHECK-LABEL: func.func private @two_matmuls
+// CHECK: %[[F1:.*]] = linalg.fill
+// CHECK: linalg.matmul ins({{.*}}) outs(%[[F1]]
+// CHECK: %[[F2:.*]] = linalg.fill
+// CHECK: linalg.matmul ins({{.*}}) outs(%[[F2]]
+func.func private @two_matmuls(%a: tensor<4x4xf32>, %b: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x4xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<4x4xf32>) -> tensor<4x4xf32>
+  %m1 = linalg.matmul ins(%a, %b : tensor<4x4xf32>, tensor<4x4xf32>) outs(%f : tensor<4x4xf32>) -> tensor<4x4xf32>
+  %m2 = linalg.matmul ins(%b, %a : tensor<4x4xf32>, tensor<4x4xf32>) outs(%f : tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %m1, %m2 : tensor<4x4xf32>, tensor<4x4xf32>
+}
