@@ -3,6 +3,7 @@
 import dataclasses
 
 from torch_mlir import ir
+from torch_mlir.dialects import linalg
 from torch_mlir.passmanager import PassManager
 
 from .base import CAPass
@@ -14,11 +15,14 @@ STRUCTURED = ("linalg.generic", "linalg.matmul", "linalg.batch_matmul", "linalg.
 
 
 def count_kernels(module: ir.Operation) -> int:
-    """Loop nests and library calls in the `ca.kernel` functions of `module`."""
+    """Loop nests and library calls in the `ca.kernel` functions of `module`. A zero fill
+    whose only user is a matmul is not counted: it becomes the BLAS call's `beta = 0`."""
     found = [0]
 
     def visit(op):
         name = op.operation.name
+        if name == "linalg.fill" and _only_feeds_matmuls(op.operation):
+            return ir.WalkResult.ADVANCE
         if name in STRUCTURED or name.startswith(("linalg.conv", "linalg.pooling", "linalg.depthwise")):
             found[0] += 1
         return ir.WalkResult.ADVANCE
@@ -26,6 +30,11 @@ def count_kernels(module: ir.Operation) -> int:
     for fn in _kernels(module):
         fn.walk(visit)
     return found[0]
+
+
+def _only_feeds_matmuls(fill: ir.Operation) -> bool:
+    users = [u.owner.name for u in fill.results[0].uses]
+    return bool(users) and all(u in ("linalg.matmul", "linalg.batch_matmul") for u in users)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +56,10 @@ class FuseElementwise(CAPass):
        starts from zero becomes the matmul's `ca.alpha` attribute (the BLAS `alpha`). This
        is how a hook such as `lambda g: g * 0.5` on a weight costs nothing: eager pays a
        full pass over the gradient for it.
-    4. Canonicalize and CSE, which also drop transposes that step 3 of the BLAS rewrite
-       made dead.
+    4. Transposes into matmuls: a `linalg.transpose` feeding a matmul operand becomes a
+       transposed indexing map on the matmul; BLAS reads the operand with the transpose
+       flag, as eager PyTorch does, instead of copying it.
+    5. Canonicalize, which drops the transposes step 4 left without users.
 
     Before:
     ```mlir
@@ -77,6 +88,7 @@ class FuseElementwise(CAPass):
         with module.context, ir.Location.unknown():
             _unshare_inits(module)
             _run(module, "builtin.module(func.func(linalg-fuse-elementwise-ops),canonicalize,cse)")
+            fold_transposes(module)
             if self.epilogues:
                 while _fold_scalar_epilogue(module):
                     pass
@@ -192,3 +204,53 @@ def _constant_float(v: ir.Value):
         return None
     attr = owner.operation.attributes["value"]
     return ir.FloatAttr(attr).value if isinstance(attr, ir.FloatAttr) else None
+
+
+def _is_2d_transpose(op) -> bool:
+    if op.name != "linalg.transpose":
+        return False
+    perm = [int(x) for x in str(op.attributes["permutation"]).removeprefix("array<i64:").rstrip(">").split(",")]
+    return perm == [1, 0]
+
+
+def fold_transposes(module: ir.Module) -> int:
+    """`matmul(transpose(a), b)` -> `matmul(a, b)` with a transposed map on the first operand.
+    Returns how many transposes were folded."""
+    folded = 0
+    matmuls = []
+    module.operation.walk(lambda o: (matmuls.append(o.operation) if o.operation.name == "linalg.matmul" else None)
+                          or ir.WalkResult.ADVANCE)
+    for mm in matmuls:
+        maps = matmul_maps(mm)
+        ins = list(mm.operands[:2])
+        changed = False
+        for i in (0, 1):
+            owner = ins[i].owner
+            if isinstance(owner, ir.OpView) and _is_2d_transpose(owner.operation):
+                ins[i] = owner.operation.operands[0]
+                maps[i] = _swap_results(maps[i])
+                changed = True
+        if not changed:
+            continue
+        with mm.context, mm.location, ir.InsertionPoint(mm):
+            new = linalg.matmul(ins[0], ins[1], outs=[mm.operands[2]],
+                                indexing_maps=maps)
+        if "ca.alpha" in mm.attributes:  # a folded epilogue: part of the matmul's meaning
+            new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
+        mm.results[0].replace_all_uses_with(new)
+        mm.erase()
+        folded += 1
+    return folded
+
+
+def matmul_maps(mm) -> list:
+    if "indexing_maps" in mm.attributes:
+        return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(mm.attributes["indexing_maps"])]
+    d = [ir.AffineDimExpr.get(i) for i in range(3)]
+    return [ir.AffineMap.get(3, 0, [d[0], d[2]]), ir.AffineMap.get(3, 0, [d[2], d[1]]),
+            ir.AffineMap.get(3, 0, [d[0], d[1]])]
+
+
+def _swap_results(m) -> "ir.AffineMap":
+    exprs = list(m.results)
+    return ir.AffineMap.get(m.n_dims, m.n_symbols, [exprs[1], exprs[0]])

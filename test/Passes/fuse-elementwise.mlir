@@ -96,3 +96,20 @@ func.func private @two_matmuls(%a: tensor<4x4xf32>, %b: tensor<4x4xf32>) -> (ten
   %m2 = linalg.matmul ins(%b, %a : tensor<4x4xf32>, tensor<4x4xf32>) outs(%f : tensor<4x4xf32>) -> tensor<4x4xf32>
   return %m1, %m2 : tensor<4x4xf32>, tensor<4x4xf32>
 }
+
+// -----
+
+// A transposed operand (a saved `W.t()` lowered by torch-mlir) becomes a transposed
+// indexing map: no transpose loop is left.
+// CHECK-LABEL: func.func private @transposed_operand
+// CHECK-NOT: linalg.transpose
+// CHECK: linalg.matmul indexing_maps = [#{{.*}}, #{{.*}}, #{{.*}}] ins(%arg0, %arg1 : tensor<3x2xf32>, tensor<8x2xf32>)
+func.func private @transposed_operand(%g: tensor<3x2xf32>, %w: tensor<8x2xf32>) -> tensor<3x8xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x8xf32>
+  %t = linalg.transpose ins(%w : tensor<8x2xf32>) outs(%e : tensor<2x8xf32>) permutation = [1, 0]
+  %e2 = tensor.empty() : tensor<3x8xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<3x8xf32>) -> tensor<3x8xf32>
+  %mm = linalg.matmul ins(%g, %t : tensor<3x2xf32>, tensor<2x8xf32>) outs(%f : tensor<3x8xf32>) -> tensor<3x8xf32>
+  return %mm : tensor<3x8xf32>
+}

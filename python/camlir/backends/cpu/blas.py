@@ -9,9 +9,8 @@ The BLAS is the MKL linked into `libtorch_cpu.so`, which exports the Fortran ent
 `sgemm_`/`dgemm_` (not the CBLAS ones). Its address is handed to the ExecutionEngine, so a
 kernel calls it with no Python in between, and it follows `torch.set_num_threads`.
 
-Two rewrites:
-- `fold_transposes` (tensors): a `linalg.transpose` feeding a matmul operand becomes a
-  transposed indexing map on the matmul (no copy).
+The tensor-level half, `fold_transposes` (a transpose feeding a matmul becomes a transposed
+indexing map), is part of ca-fuse-elementwise. Here:
 - `matmuls_to_calls` (buffers, after bufferization): each `linalg.matmul` /
   `linalg.batch_matmul` becomes a call to `@camlir_gemm_<t>` / `@camlir_bgemm_<t>`, written
   below in MLIR. Transposed maps become `memref.transpose` views, and a zero `linalg.fill`
@@ -26,7 +25,9 @@ import os
 
 import torch
 from torch_mlir import ir
-from torch_mlir.dialects import arith, func, linalg, memref
+from torch_mlir.dialects import arith, func, memref
+
+from camlir.passes.fuse_elementwise import fold_transposes, matmul_maps  # noqa: F401 (re-exported)
 
 _ELEM = {"f32": ("s", 4), "f64": ("d", 8)}
 
@@ -35,59 +36,6 @@ def blas_symbols() -> dict:
     """Native addresses of the BLAS entry points, by symbol name."""
     lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
     return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ("sgemm_", "dgemm_")}
-
-
-# ---------------------------------------------------------------------------------------
-# Tensor level: transposes into indexing maps.
-
-def _is_2d_transpose(op) -> bool:
-    if op.name != "linalg.transpose":
-        return False
-    perm = [int(x) for x in str(op.attributes["permutation"]).removeprefix("array<i64:").rstrip(">").split(",")]
-    return perm == [1, 0]
-
-
-def fold_transposes(module: ir.Module) -> int:
-    """`matmul(transpose(a), b)` -> `matmul(a, b)` with a transposed map on the first operand.
-    Returns how many transposes were folded."""
-    folded = 0
-    matmuls = []
-    module.operation.walk(lambda o: (matmuls.append(o.operation) if o.operation.name == "linalg.matmul" else None)
-                          or ir.WalkResult.ADVANCE)
-    for mm in matmuls:
-        maps = _matmul_maps(mm)
-        ins = list(mm.operands[:2])
-        changed = False
-        for i in (0, 1):
-            owner = ins[i].owner
-            if isinstance(owner, ir.OpView) and _is_2d_transpose(owner.operation):
-                ins[i] = owner.operation.operands[0]
-                maps[i] = _swap_results(maps[i])
-                changed = True
-        if not changed:
-            continue
-        with mm.context, mm.location, ir.InsertionPoint(mm):
-            new = linalg.matmul(ins[0], ins[1], outs=[mm.operands[2]],
-                                indexing_maps=maps)
-        if "ca.alpha" in mm.attributes:  # a folded epilogue: part of the matmul's meaning
-            new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
-        mm.results[0].replace_all_uses_with(new)
-        mm.erase()
-        folded += 1
-    return folded
-
-
-def _matmul_maps(mm) -> list:
-    if "indexing_maps" in mm.attributes:
-        return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(mm.attributes["indexing_maps"])]
-    d = [ir.AffineDimExpr.get(i) for i in range(3)]
-    return [ir.AffineMap.get(3, 0, [d[0], d[2]]), ir.AffineMap.get(3, 0, [d[2], d[1]]),
-            ir.AffineMap.get(3, 0, [d[0], d[1]])]
-
-
-def _swap_results(m) -> "ir.AffineMap":
-    exprs = list(m.results)
-    return ir.AffineMap.get(m.n_dims, m.n_symbols, [exprs[1], exprs[0]])
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,7 +66,7 @@ def _rewrite(op, name: str, batched: bool) -> None:
     a, b, c = op.operands[0], op.operands[1], op.operands[2]
     with op.context, op.location, ir.InsertionPoint(op):
         if not batched:
-            maps = _matmul_maps(op)
+            maps = matmul_maps(op)
             if str(maps[0]) == str(ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(2), ir.AffineDimExpr.get(0)])):
                 a = _transpose_view(a)
             if str(maps[1]) == str(ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(1), ir.AffineDimExpr.get(2)])):
