@@ -7,9 +7,10 @@ from .fuse_elementwise import FuseElementwise
 from .inline_hooks import InlineHooks
 from .lower_to_linalg import LowerToLinalg
 from .outline_kernels import OutlineKernels
+from .specialize_shapes import SpecializeShapes
 
 # In the order the compile pipeline runs them.
-PASSES = (InlineHooks, FlattenNodes, OutlineKernels, LowerToLinalg, FuseElementwise)
+PASSES = (InlineHooks, FlattenNodes, SpecializeShapes, OutlineKernels, LowerToLinalg, FuseElementwise)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from . import logs
-from .backends.cpu.program import CpuProgram
+from .backends.cpu.program import CpuProgram, SpecializingProgram
 from .backends.eager import EagerProgram, InterpreterError
 from .capture.engine import active_settings
 from .capture.hook_trace import trace_hooks
@@ -103,7 +103,8 @@ class CompiledBackward:
         """Native code when the cpu backend can compile the graph; otherwise the reference
         interpreter, which is slower but exact (logged and counted in `interpreted`)."""
         if retraced.symbolic:
-            reason = "its sizes are symbolic (the cpu backend compiles static shapes)"
+            return SpecializingProgram(module, len(inputs), f"graph {self.capture_id}",
+                                       lambda: self._eager_program(module))
         else:
             try:
                 program = CpuProgram(module, list(inputs))

@@ -30,10 +30,14 @@ LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels,ca-lower-to-lina
 
 
 class CpuProgram:
-    def __init__(self, module: ir.Module, example_args: list, func_name: str = "backward"):
+    def __init__(self, module: ir.Module, example_args: list, func_name: str = "backward",
+                 specialize: str = ""):
         start = time.perf_counter()
         with module.context, ir.Location.unknown():
             work = ir.Module.parse(str(module))
+            if specialize:
+                run_pipeline(work, f"ca-flatten-nodes,{specialize}")
+                _dump("specialized", work)
             host = _func(work, func_name)
             self.arg_perms = layouts.specialize_layouts(host, example_args)
             if any(self.arg_perms):
@@ -72,6 +76,61 @@ class CpuProgram:
         for i, p in self._perm_args:
             args[i] = args[i].permute(p)
         return self.program.run(args, Runtime(hooks, callbacks))
+
+
+class SpecializingProgram:
+    """A capture with symbolic sizes, compiled once per set of observed sizes.
+
+    Kernels are compiled for static shapes (static shapes are what let the loops vectorize
+    and the descriptors be built once), so each new size set runs `ca-specialize-shapes`
+    and compiles a `CpuProgram` for it; later calls with those sizes reuse it. The
+    `?`-typed module stays what was captured, and the reference backend runs it as is.
+    """
+
+    def __init__(self, module: ir.Module, n_inputs: int, name: str, fallback):
+        self.module = module
+        self.n_inputs = n_inputs
+        self.name = name
+        self.fallback = fallback  # builds the reference interpreter when a variant fails
+        self.variants = {}
+        self.kernels = {}
+        self.compile_seconds = 0.0
+        self.lowered_text = str(module)
+        host = _func(module, "backward")
+        args = list(host.regions[0].blocks[0].arguments)
+        self._dynamic_args = [i for i, a in enumerate(args[:n_inputs]) if "?" in str(a.type)]
+
+    def _key(self, args):
+        sizes = tuple(int(s) for s in args[self.n_inputs:])
+        shapes = tuple(tuple(args[i].shape) for i in self._dynamic_args)
+        return sizes, shapes
+
+    def __call__(self, args, hooks, callbacks=()):
+        args = list(args)
+        key = self._key(args)
+        program = self.variants.get(key)
+        if program is None:
+            program = self._compile(key, args)
+        return program(args, hooks, callbacks)
+
+    def _compile(self, key, args):
+        sizes, shapes = key
+        spec = "ca-specialize-shapes{sizes=%s shapes=%s}" % (
+            ",".join(str(s) for s in sizes),
+            ",".join(f"{i}:{'x'.join(str(d) for d in shape)}" for i, shape in zip(self._dynamic_args, shapes)))
+        if logs.enabled("recompiles"):
+            logs.log.info("%s: compiling native code for sizes %s", self.name, list(sizes))
+        try:
+            program = CpuProgram(self.module, args, specialize=spec)
+            self.compile_seconds += program.compile_seconds
+            self.kernels.update(program.kernels)
+            self.lowered_text = program.lowered_text
+        except Exception as exc:  # noqa: BLE001 - same remedy for every failure
+            logs.log.warning("camlir: %s: native code for sizes %s failed (%s); the reference "
+                             "interpreter runs them", self.name, list(sizes), str(exc).splitlines()[0])
+            program = self.fallback()
+        self.variants[key] = program
+        return program
 
 
 def _identity(ins, rt):
