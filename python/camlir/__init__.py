@@ -2,7 +2,7 @@
 
     import camlir
     camlir.compile_backward(loss)            # one backward
-    with camlir.enable(backend="eager"):     # every backward in the scope
+    with camlir.enable(backend="cpu"):       # every backward in the scope ("eager": reference)
         loss.backward()
     camlir.config.enabled = True             # every backward in the process
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "compile_backward": "api", "enable": "api", "reset": "api",
-    "captured_graphs": "compiled", "summarize": "summary",
+    "captured_graphs": "compiled", "compiled_programs": "compiled", "summarize": "summary",
     "config": "settings", "counters": "stats", "UnsupportedError": "errors",
     "set_logs": "logs", "make_context": "context",
 }

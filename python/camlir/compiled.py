@@ -43,6 +43,13 @@ def captured_graphs() -> list:
     return [(capture_id, str(artifact.module)) for capture_id, artifact in _compiled]
 
 
+def compiled_programs() -> list:
+    """(capture id, backend, program) for every artifact compiled since the last reset.
+    A cpu program has `kernels` (name -> compiled kernel), `lowered_text` (the module after
+    the lowering passes) and `compile_seconds`."""
+    return [(capture_id, artifact.backend, artifact.program) for capture_id, artifact in _compiled]
+
+
 class Artifact:
     """One compiled variant: the `ca` module, its program, and the guards it assumes."""
 

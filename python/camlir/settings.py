@@ -1,7 +1,7 @@
 """`camlir.config`: the process-wide settings.
 
     camlir.config.enabled = True   # every backward in the process goes through camlir
-    camlir.config.backend = "cpu"  # "eager" (the reference interpreter), "cpu"
+    camlir.config.backend = "cpu"  # the default; "eager" is the reference interpreter
     camlir.config.fullgraph = False
     camlir.config.dynamic = None   # None: sizes start static and become symbolic when they change
 
@@ -14,7 +14,7 @@ BACKENDS = ("eager", "cpu")
 class Config:
     def __init__(self):
         self._enabled = False
-        self._backend = "eager"
+        self._backend = "cpu"
         self.fullgraph = False
         self._dynamic = None
 
