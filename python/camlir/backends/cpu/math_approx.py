@@ -47,7 +47,7 @@ def _poly(x, coefficients):
     """Horner: coefficients from the highest degree down."""
     acc = _c(coefficients[0])
     for c in coefficients[1:]:
-        acc = arith.addf(arith.mulf(acc, x), _c(c))
+        acc = math.fma(acc, x, _c(c))  # one vfmadd per step (mulf + addf are not contracted)
     return acc
 
 
