@@ -87,7 +87,9 @@ class FuseElementwise(CAPass):
             return
         with module.context, ir.Location.unknown():
             _unshare_inits(module)
+            hidden = _hide_contractions(module)
             _run(module, "builtin.module(func.func(linalg-fuse-elementwise-ops),canonicalize,cse)")
+            _restore_contractions(module, hidden)
             fold_transposes(module)
             if self.epilogues:
                 while _fold_scalar_epilogue(module):
@@ -96,6 +98,59 @@ class FuseElementwise(CAPass):
         _run(module, "builtin.module(canonicalize)")
         with module.context, ir.Location.unknown():
             _unshare_inits(module)
+
+
+_CONTRACTIONS = ("linalg.matmul", "linalg.batch_matmul")
+_HIDDEN = "ca.hidden_contraction"
+
+
+def _hide_contractions(module: ir.Operation) -> int:
+    """Swaps matmuls for an opaque placeholder while upstream fusion runs.
+
+    Upstream fusion also pushes reshapes through linalg ops "by expansion", and for a named
+    matmul next to a `view` that means rewriting it as a higher-rank `linalg.generic`: a
+    contraction no BLAS call can take, which then ran as naive loops (the transformer
+    backward got 5x slower than eager). The placeholder keeps operands, result types and
+    attributes; elementwise producers and consumers around it still fuse."""
+    count = 0
+    for fn in _kernels(module):
+        ops = []
+        fn.walk(lambda o: (ops.append(o.operation) if o.operation.name in _CONTRACTIONS else None)
+                or ir.WalkResult.ADVANCE)
+        for op in ops:
+            named = [op.attributes[i] for i in range(len(op.attributes))]
+            attrs = {a.name: a.attr for a in named}
+            attrs["ca.op"] = ir.StringAttr.get(op.name)
+            with ir.InsertionPoint(op), op.location:
+                new = ir.Operation.create(_HIDDEN, results=[r.type for r in op.results],
+                                          operands=list(op.operands), attributes=attrs)
+            op.results[0].replace_all_uses_with(new.results[0])
+            op.erase()
+            count += 1
+    return count
+
+
+def _restore_contractions(module: ir.Operation, count: int) -> None:
+    if not count:
+        return
+    for fn in _kernels(module):
+        ops = []
+        fn.walk(lambda o: (ops.append(o.operation) if o.operation.name == _HIDDEN else None)
+                or ir.WalkResult.ADVANCE)
+        for op in ops:
+            name = ir.StringAttr(op.attributes["ca.op"]).value
+            a, b, c = op.operands
+            with ir.InsertionPoint(op), op.location:
+                if name == "linalg.matmul":
+                    maps = matmul_maps(op) if "indexing_maps" in op.attributes else None
+                    value = linalg.matmul(a, b, outs=[c], indexing_maps=maps) if maps else linalg.matmul(a, b, outs=[c])
+                else:
+                    value = linalg.batch_matmul(a, b, outs=[c])
+            new = value.owner
+            if "ca.alpha" in op.attributes:
+                new.attributes["ca.alpha"] = op.attributes["ca.alpha"]
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
 
 
 def _kernels(module: ir.Operation) -> list:
