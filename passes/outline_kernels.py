@@ -19,13 +19,25 @@ _TRANSPARENT = ("ca.accumulate_grad", "ca.size")
 _BARRIERS = ("ca.hook", "ca.call_python")
 
 
+# Ops that lower, but whose linalg form becomes plain loops far slower than PyTorch's own
+# kernel (oneDNN for convolutions): until camlir has a schedule or library call for them,
+# they run through torch on the host, like the ops with no lowering at all.
+SLOW_WHEN_LOWERED = frozenset({
+    "aten.convolution_backward",
+    "aten.convolution",
+    # Lowered as a loop over every input element with index arithmetic (no vectorization).
+    "aten.max_pool2d_with_indices_backward",
+})
+
+
 def default_extern_ops() -> frozenset:
-    """The aten ops the lowering cannot take (they stay on the host, run through torch)."""
+    """The aten ops that stay on the host and run through torch: the ones the lowering
+    cannot take, and the ones it would make slow."""
     try:
         from camlir.lowering.torch_to_linalg import EXTERN_OPS
     except ImportError:  # the lowering package is optional for ca-opt users
-        return frozenset()
-    return frozenset(EXTERN_OPS)
+        return SLOW_WHEN_LOWERED
+    return frozenset(EXTERN_OPS) | SLOW_WHEN_LOWERED
 
 
 def is_cloneable(op: ir.Operation) -> bool:
