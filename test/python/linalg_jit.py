@@ -8,18 +8,33 @@ import ctypes
 
 import numpy as np
 from torch_mlir import ir
+from torch_mlir.dialects import linalg
 from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.passmanager import PassManager
 from torch_mlir.runtime import get_ranked_memref_descriptor
 
-_PIPELINE = ",".join([
+_BUFFERIZE = ",".join([
     "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}",
     "buffer-results-to-out-params{modify-public-functions=true}",
     "canonicalize", "cse",
+])
+_TO_LLVM = ",".join([
     "func.func(convert-linalg-to-loops)",
     "expand-strided-metadata", "lower-affine", "convert-scf-to-cf", "convert-math-to-libm",
     "convert-to-llvm", "reconcile-unrealized-casts",
 ])
+
+
+def _copies_as_linalg(module: ir.Module) -> None:
+    """memref.copy -> linalg.copy: a strided memref.copy lowers to a call of `memrefCopy`,
+    which the wheel's JIT does not provide; linalg.copy becomes loops."""
+    copies = []
+    module.operation.walk(lambda op: (copies.append(op.operation) if op.operation.name == "memref.copy" else None)
+                          or ir.WalkResult.ADVANCE)
+    for op in copies:
+        with ir.InsertionPoint(op), op.location:
+            linalg.copy(op.operands[0], outs=[op.operands[1]])
+        op.erase()
 
 
 def run_kernel(module: ir.Module, name: str, inputs: list, result_shapes: list) -> list:
@@ -29,7 +44,9 @@ def run_kernel(module: ir.Module, name: str, inputs: list, result_shapes: list) 
         for op in module.body.operations:
             if ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
                 op.operation.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        PassManager.parse(f"builtin.module({_PIPELINE})").run(module.operation)
+        PassManager.parse(f"builtin.module({_BUFFERIZE})").run(module.operation)
+        _copies_as_linalg(module)
+        PassManager.parse(f"builtin.module({_TO_LLVM})").run(module.operation)
     engine = ExecutionEngine(module, opt_level=0)
     keep = [np.ascontiguousarray(x) for x in inputs]
     outs = [np.zeros(shape, dtype=dtype) for shape, dtype in result_shapes]

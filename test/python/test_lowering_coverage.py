@@ -15,7 +15,7 @@ from camlir import make_context
 from camlir.capture.decompositions import decomposition_table
 from camlir.lowering import EXTERN_OPS, LoweringError, lower_to_linalg
 from linalg_jit import run_kernel
-from lowering_cases import EXPECTED_EXTERNS, SINGLE_OPS, ZOO, captured_modules, single_op_modules
+from lowering_cases import EXPECTED_EXTERNS, KNOWN_GAPS, SINGLE_OPS, ZOO, captured_modules, single_op_modules
 from node_funcs import node_ops, outline_nodes
 
 
@@ -67,6 +67,13 @@ def test_single_op_backward_lowers(name):
     assert externs == ({"aten._scaled_dot_product_flash_attention_for_cpu_backward"} if name == "sdpa" else set())
 
 
+@pytest.mark.parametrize("name", list(KNOWN_GAPS))
+def test_known_gap_still_fails_naming_the_op(name):
+    with pytest.raises(LoweringError) as info:
+        _lower_all(single_op_modules(name))
+    assert KNOWN_GAPS[name][1] in info.value.ops
+
+
 # --- numbers: the scatter loops (tm_tensor.scatter rewritten by camlir) against torch ---
 
 def _lower_traced(fn, *args):
@@ -106,6 +113,12 @@ def test_index_add_numbers_repeated_index():
     base, src = torch.randn(5, 3), torch.randn(4, 3)
     index = torch.tensor([4, 0, 4, 4])
     _check_numbers(lambda b, i, s: torch.index_add(b, 0, i, s), base, index, src)
+
+
+def test_scatter_without_accumulation_numbers():
+    base, src = torch.randn(3, 5), torch.randn(3, 2)
+    index = torch.tensor([[4, 0], [1, 2], [3, 3]])
+    _check_numbers(lambda b, i, s: torch.scatter(b, 1, i, s), base, index, src)
 
 
 # --- errors name the real culprits ---

@@ -1,0 +1,282 @@
+"""Writes docs/op-coverage.md: which route each aten op of the measured backwards takes to linalg.
+
+    python test/python/gen_op_coverage.py            # rewrites docs/op-coverage.md
+    python test/python/gen_op_coverage.py --stdout   # prints it instead
+
+Measured, not declared: every backward of lowering_cases.py (the zoo and the single-op
+cases) is captured through camlir; each aten op of each node is then lowered alone, in a
+function of its own, and classified by what happened:
+- decomposed by camlir before import: the op's decomposition (capture/decompositions.py)
+  ran during the re-trace (recorded by wrapping the table), so the op never reaches MLIR;
+- torch-mlir lowers it directly: the op survives torch-mlir's backend-contract pipeline and
+  its TorchToLinalg pattern converts it;
+- torch-mlir decomposes it: the op is gone after that pipeline (torch-mlir's own
+  DecomposeComplexOps); its pieces then lower;
+- "+ scatter loops": the lowering left a `tm_tensor.scatter`, which camlir rewrites into
+  `scf.for` loops over tensors (lowering/tm_tensor.py);
+- extern: in EXTERN_OPS, called through torch at run time.
+"""
+
+import os
+import re
+import sys
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from torch_mlir import ir  # noqa: E402
+from torch_mlir.dialects import func  # noqa: E402
+from torch_mlir.passmanager import PassManager  # noqa: E402
+
+import camlir.capture.retrace as retrace  # noqa: E402
+from camlir.capture.decompositions import decomposition_table  # noqa: E402
+from camlir.lowering import EXTERN_OPS, LoweringError, aten_name, lower_to_linalg  # noqa: E402
+from camlir.lowering.dynamic_dims import pin_results, refine_transpose_inputs  # noqa: E402
+from camlir.lowering.torch_to_linalg import _TORCH_BACKEND  # noqa: E402
+from lowering_cases import KNOWN_GAPS, SINGLE_OPS, ZOO, captured_modules, single_op_modules  # noqa: E402
+from node_funcs import outline_nodes  # noqa: E402
+
+_FREE = ("torch.constant.", "torch.prim.ListConstruct")
+
+
+def _recording_table(seen: set):
+    """camlir's table with each decomposition noting its op in `seen` when it runs."""
+    def wrap(op, fn):
+        def run(*args, **kwargs):
+            seen.add(str(op).removesuffix(".default"))
+            return fn(*args, **kwargs)
+        return run
+    table = {op: wrap(op, fn) for op, fn in decomposition_table().items()}
+    return lambda: table
+
+
+def _single_op_module(op: ir.Operation) -> ir.Module:
+    """A module with one public function running `op` alone: its tensor (and symbolic
+    scalar) operands become arguments, constants and constant lists are copied in."""
+    args = []
+
+    def collect(v):
+        owner = v.owner
+        if isinstance(owner, ir.OpView) and owner.operation.name.startswith(_FREE):
+            for o in owner.operation.operands:
+                collect(o)
+        elif v not in args:
+            args.append(v)
+
+    for v in op.operands:
+        collect(v)
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp("f", ([a.type for a in args], [r.type for r in op.results]), visibility="public")
+    block = fn.add_entry_block()
+    mapping = dict(zip(args, block.arguments))
+
+    def materialize(v):
+        if v not in mapping:
+            owner = v.owner.operation
+            for o in owner.operands:
+                materialize(o)
+            copy = owner.clone(ir.InsertionPoint(block))
+            for i, o in enumerate(owner.operands):
+                copy.operands[i] = mapping[o]
+            mapping[v] = copy.results[0]
+        return mapping[v]
+
+    operands = [materialize(v) for v in op.operands]
+    copy = op.clone(ir.InsertionPoint(block))
+    for i, v in enumerate(operands):
+        copy.operands[i] = v
+    with ir.InsertionPoint(block):
+        func.ReturnOp(list(copy.results))
+    return module
+
+
+_ROUTES = {}  # single-op function text, sizes and constants blurred -> route
+
+
+def _route(op: ir.Operation) -> str:
+    name = aten_name(op)
+    with op.context, ir.Location.unknown():
+        module = _single_op_module(op)
+    key = re.sub(r"\b\d+\b", "N", str(module))  # the route does not depend on static sizes
+    if key not in _ROUTES:
+        _ROUTES[key] = _classify(name, module)
+    return _ROUTES[key]
+
+
+def _classify(name: str, module: ir.Module) -> str:
+    probe = ir.Module.parse(str(module), module.context)
+    try:
+        # As lower_to_linalg does, then only torch-mlir's backend-contract pipeline: is the
+        # op still there (a direct TorchToLinalg pattern) or was it decomposed?
+        refine_transpose_inputs(probe)
+        pin_results(probe)
+        with probe.context:
+            PassManager.parse(_TORCH_BACKEND).run(probe.operation)
+        kept = any(aten_name(o) == name for o in _walk(probe))
+        lower_to_linalg(module)
+    except (LoweringError, ir.MLIRError) as exc:
+        return f"FAILS: {str(exc).splitlines()[0]}"
+    route = "torch-mlir lowers it directly" if kept else "torch-mlir decomposes it"
+    if any(o.name == "scf.for" for o in _walk(module)):
+        route += " + scatter loops"
+    return route
+
+
+def _walk(module: ir.Module) -> list:
+    found = []
+    module.operation.walk(lambda o: found.append(o.operation) or ir.WalkResult.ADVANCE)
+    return found
+
+
+def measure_gaps() -> dict:
+    """{case: first line of the error} for the backwards that do not lower."""
+    gaps = {}
+    for case in KNOWN_GAPS:
+        for text in single_op_modules(case):
+            module, _labels, _skipped = outline_nodes(text)
+            try:
+                lower_to_linalg(module)
+            except LoweringError as exc:
+                gaps[case] = str(exc).splitlines()[0]
+        gaps.setdefault(case, "lowers now: move it to SINGLE_OPS")
+    return gaps
+
+
+def measure():
+    """{op: {route: set of cases}}, {op: set of cases} for camlir's decompositions."""
+    routes = defaultdict(lambda: defaultdict(set))
+    decomposed = defaultdict(set)
+    original = retrace.decomposition_table
+    cases = [(f"zoo:{n}", lambda n=n: captured_modules(*ZOO[n])) for n in ZOO]
+    cases += [(f"op:{n}", lambda n=n: single_op_modules(n)) for n in SINGLE_OPS]
+    try:
+        for case, capture in cases:
+            seen = set()
+            retrace.decomposition_table = _recording_table(seen)
+            texts = capture()
+            for op in seen:
+                decomposed[op].add(case)
+            for text in texts:
+                module, _labels, skipped = outline_nodes(text)
+                for _label, externs in skipped:  # nodes with an extern op are not outlined
+                    for name in externs:
+                        routes[name]["extern"].add(case)
+                for op in _walk(module):
+                    name = aten_name(op)
+                    if name is not None:
+                        routes[name][_route(op)].add(case)
+    finally:
+        retrace.decomposition_table = original
+    return routes, decomposed
+
+
+def _cases(cases: set) -> str:
+    zoo = sorted(c[4:] for c in cases if c.startswith("zoo:"))
+    ops = sorted(c[3:] for c in cases if c.startswith("op:"))
+    parts = []
+    if zoo:
+        parts.append("zoo: " + ", ".join(zoo))
+    if ops:
+        parts.append("single-op: " + ", ".join(ops))
+    return "; ".join(parts)
+
+
+_DECOMPOSITION_NOTES = {
+    "aten.native_layer_norm_backward": "reductions + elementwise",
+    "aten.native_batch_norm_backward": "reductions + elementwise",
+    "aten.embedding_dense_backward": "masked `_unsafe_index_put(accumulate=True)` (scatter loops)",
+    "aten._unsafe_masked_index_put_accumulate": "`_unsafe_index_put(accumulate=True)`",
+    "aten.index_add": "`index_put(accumulate=True)` (scatter loops)",
+    "aten.slice_backward": "`new_zeros` + `slice_scatter`",
+    "aten.select_backward": "`new_zeros` + `select_scatter`",
+    "aten.silu_backward": "elementwise (sigmoid, mul, add)",
+    "aten.native_group_norm_backward": "reductions + elementwise",
+    "aten.mse_loss_backward": "elementwise",
+    "aten.smooth_l1_loss_backward": "elementwise (where, sign)",
+}
+
+_EXTERN_NOTES = {
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward":
+        "torch-mlir has no lowering and PyTorch no decomposition (the op recomputes attention "
+        "blockwise from the saved logsumexp). Saved by the forward of SDPA / "
+        "`nn.MultiheadAttention` on CPU; the backward graph can only contain what the forward "
+        "saved for.",
+}
+
+
+def render(routes, decomposed, gaps) -> str:
+    lines = [
+        "# Op coverage: how each aten op of the backward reaches linalg",
+        "",
+        "Generated by `python test/python/gen_op_coverage.py` from what it measured on the",
+        "backwards of `test/python/lowering_cases.py` (the capture zoo and single-op cases);",
+        "do not edit by hand. Each op was lowered alone, in a function of its own, with",
+        "`camlir.lowering.lower_to_linalg`. `test/python/test_lowering_coverage.py` checks that",
+        "every node of those backwards lowers.",
+        "",
+        "Routes:",
+        "- **decomposed by camlir**: `camlir/capture/decompositions.py` rewrites the op while the",
+        "  backward is re-traced (PyTorch's decomposition), because torch-mlir cannot lower it;",
+        "- **torch-mlir lowers it directly**: a TorchToLinalg pattern converts it;",
+        "- **torch-mlir decomposes it**: torch-mlir's own decompositions (DecomposeComplexOps)",
+        "  rewrite it into ops it lowers;",
+        "- **+ scatter loops**: the lowering goes through `tm_tensor.scatter`, which camlir",
+        "  rewrites into `scf.for` loops over tensors with `tensor.extract`/`tensor.insert`",
+        "  (`camlir/lowering/tm_tensor.py`): sequential, naive code;",
+        "- **extern**: stays outside the JIT kernels and is called through torch at run time",
+        "  (`EXTERN_OPS`).",
+        "",
+        "## Decomposed by camlir before import",
+        "",
+        "| aten op | becomes | used by |",
+        "|---|---|---|",
+    ]
+    for op in sorted(decomposed):
+        lines.append(f"| `{op}` | {_DECOMPOSITION_NOTES.get(op, '')} | {_cases(decomposed[op])} |")
+    lines += ["", "## Extern: called through torch at run time", "", "| aten op | why | used by |", "|---|---|---|"]
+    for op in sorted(EXTERN_OPS):
+        used = set().union(*routes[op].values()) if op in routes else set()
+        lines.append(f"| `{op}` | {_EXTERN_NOTES.get(op, '')} | {_cases(used) or 'not seen'} |")
+    lines += ["", "## Lowered by torch-mlir", "", "| aten op | route | used by |", "|---|---|---|"]
+    for op in sorted(routes):
+        if op in EXTERN_OPS:
+            continue
+        for route in sorted(routes[op]):
+            lines.append(f"| `{op}` | {route} | {_cases(routes[op][route])} |")
+    lines += [
+        "",
+        "## What the lowered code looks like (for the JIT)",
+        "",
+        "- `aten.mm` / `aten.bmm` become `linalg.matmul` / `linalg.batch_matmul`; a transposed",
+        "  operand (`aten.t`, `aten.transpose.int`) is an explicit `linalg.transpose` first.",
+        "- `aten.convolution_backward` becomes, by torch-mlir's decomposition, `aten.convolution`s:",
+        "  `linalg.conv_2d_nchw_fchw` with `linalg.transpose`, `tensor.pad`, and for the input",
+        "  gradient a kernel flip (a `linalg.generic` gathering with `tensor.extract`).",
+        "- Scatter loops (`+ scatter loops` above) are sequential `scf.for` nests with scalar",
+        "  `tensor.extract`/`tensor.insert`: correct with repeated indices, but naive code.",
+        "- With dynamic dims, torch-mlir adds run-time size checks (`cf.assert`).",
+        "",
+        "## Known gaps (outside the zoo)", "",
+              "Single-op backwards of `KNOWN_GAPS` that do not lower yet, with the error's first line.",
+              "", "| case | error |", "|---|---|"]
+    for case in sorted(gaps):
+        lines.append(f"| {case} | {gaps[case]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv) -> int:
+    text = render(*measure(), measure_gaps())
+    if "--stdout" in argv:
+        sys.stdout.write(text)
+    else:
+        path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "op-coverage.md")
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
