@@ -1,0 +1,251 @@
+"""One benchmark variant on one workload, in its own process, driven by `bench.run`.
+
+Why a process per variant: PyTorch keeps a single compiled-autograd cache per process, keyed by
+graph structure and not by compiler. Once `ca_inductor` has compiled a backward graph, a camlir
+backward of the same graph in the same process runs Inductor's code (and the other way round).
+Each variant therefore runs in its own process; the driver interleaves them one backward at a
+time, so they still share the machine's conditions.
+
+Protocol: length-prefixed pickles. Requests on stdin, replies on the original stdout (anything
+the libraries print goes to stderr). Requests, in order:
+- {"cmd": "prepare", ...}: start-up, build, first backward (its time and gradients), warm-up;
+- {"cmd": "check", "reference": ...}: compares the first-step gradients with eager's;
+- {"cmd": "step"} (repeated): one forward, one timed backward; replies the backward's ns;
+- {"cmd": "finish"}: peak RSS, camlir counters, notes; then the process exits.
+Every reply is a dict; a failure replies {"error": "..."}.
+"""
+
+import contextlib
+import logging
+import os
+import pickle
+import struct
+import sys
+import time
+import traceback
+
+HEADER = struct.Struct("<Q")
+
+
+def write_frame(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_frame(stream):
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        raise EOFError("driver closed the pipe")
+    (size,) = HEADER.unpack(header)
+    return pickle.loads(stream.read(size))
+
+
+class _Notes(logging.Handler):
+    """Collects camlir's log messages (fallbacks, "runs on the reference interpreter")."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message not in self.messages and len(self.messages) < 20:
+            self.messages.append(message)
+
+
+class Variant:
+    """How one variant runs `loss.backward()`: `context()` is entered around every backward."""
+
+    def __init__(self, name):
+        import torch
+
+        self.name = name
+        self.camlir = None
+        self.notes = _Notes()
+        if name == "eager":
+            self.context = contextlib.nullcontext
+        elif name == "ca_inductor":
+            from torch._dynamo import compiled_autograd
+
+            compiler = torch.compile(backend="inductor")  # a compiler_fn: GraphModule -> callable
+            self.context = lambda: compiled_autograd._enable(compiler)
+        elif name.startswith("camlir_"):
+            import camlir
+
+            backend = name[len("camlir_"):]
+            self.camlir = camlir
+            self.context = lambda: camlir.enable(backend=backend)
+            logger = logging.getLogger("camlir")
+            logger.addHandler(self.notes)
+        else:
+            raise ValueError(f"unknown variant {name!r}")
+
+    def served(self) -> int:
+        """How many backward calls camlir has run itself (compiled now or from its cache)."""
+        if self.camlir is None:
+            return 0
+        return self.camlir.counters["compiles"] + self.camlir.counters["cache_hits"]
+
+    def start_up(self) -> None:
+        """One-time start-up (imports, compiler initialisation) on a graph of no workload."""
+        import torch
+
+        model = torch.nn.Linear(3, 3)
+        loss = model(torch.randn(2, 3)).tanh().sum()
+        with self.context():
+            loss.backward()
+        if self.name == "ca_inductor":
+            from torch._dynamo import compiled_autograd
+
+            compiled_autograd.reset()
+        elif self.camlir is not None:
+            self.camlir.reset()
+
+
+class Worker:
+    def __init__(self, request):
+        import torch
+
+        from bench import workloads
+
+        self.torch = torch
+        torch.set_num_threads(request["threads"])
+        self.variant = Variant(request["variant"])
+        start = time.perf_counter()
+        self._with_camlir_info(self.variant.start_up)
+        self.startup_s = time.perf_counter() - start
+        self.workload = workloads.build(request["workload"])
+        self.not_served = 0
+        self.steps = 0
+
+    def _with_camlir_info(self, fn):
+        """Runs fn with camlir's logger at INFO, so its notes are collected, then restores it."""
+        logger = logging.getLogger("camlir")
+        level = logger.level
+        if self.variant.camlir is not None and (level == logging.NOTSET or level > logging.INFO):
+            logger.setLevel(logging.INFO)
+        try:
+            return fn()
+        finally:
+            logger.setLevel(level)
+
+    def _loss(self):
+        w = self.workload
+        w.model.zero_grad(set_to_none=True)
+        return w.forward(w.model, w.inputs)
+
+    def _backward(self, loss) -> int:
+        served = self.variant.served()
+        start = time.perf_counter_ns()
+        with self.variant.context():
+            loss.backward()
+        elapsed = time.perf_counter_ns() - start
+        if self.variant.camlir is not None and self.variant.served() == served:
+            self.not_served += 1
+        return elapsed
+
+    def prepare(self, warmup: int) -> dict:
+        loss = self._loss()
+        first_ns = self._with_camlir_info(lambda: self._backward(loss))
+        self.grads = {name: (None if p.grad is None else p.grad.detach().clone())
+                      for name, p in self.workload.model.named_parameters()}
+        for _ in range(warmup):
+            self._backward(self._loss())
+        return {"startup_s": self.startup_s, "first_s": first_ns / 1e9,
+                "grads": pickle.dumps(self.grads)}
+
+    def check(self, reference: bytes, rtol: float, atol: float) -> dict:
+        """'ok', or 'WRONG' and why: this variant's first-step gradients against `reference`."""
+        torch = self.torch
+        problems = []
+        for name, ref in pickle.loads(reference).items():
+            got = self.grads.get(name)
+            if (ref is None) != (got is None):
+                problems.append(f"{name}: grad is {'None' if got is None else 'set'}, eager's is "
+                                f"{'None' if ref is None else 'set'}")
+                continue
+            if ref is None:
+                continue
+            try:
+                torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+            except AssertionError:
+                if got.shape == ref.shape:
+                    diff = f"max abs diff {(got.double() - ref.double()).abs().max().item():.3g}"
+                else:
+                    diff = f"shape {tuple(got.shape)} vs {tuple(ref.shape)}"
+                problems.append(f"{name}: {diff}")
+        if problems:
+            return {"correct": "WRONG: " + "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")}
+        return {"correct": "ok"}
+
+    def step(self) -> dict:
+        loss = self._loss()
+        ns = self._backward(loss)
+        self.steps += 1
+        return {"ns": ns}
+
+    def finish(self) -> dict:
+        counters = dict(self.variant.camlir.counters) if self.variant.camlir is not None else {}
+        notes = list(self.variant.notes.messages)
+        if self.not_served:
+            notes.insert(0, f"{self.not_served} backward calls were not run by camlir")
+        return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes}
+
+
+def _maxrss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _preload(variant: str) -> None:
+    """Imports what the variant needs while the driver waits for all workers (not timed)."""
+    import torch
+
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))  # its first call imports a lot
+
+    if variant == "ca_inductor":
+        import torch._inductor.compile_fx  # noqa: F401
+    elif variant.startswith("camlir_"):
+        import camlir
+
+        camlir.enable, camlir.counters  # noqa: B018 - loads camlir's PyTorch-facing modules
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from the libraries go to stderr, not into the protocol
+    requests = sys.stdin.buffer
+    _preload(sys.argv[1] if len(sys.argv) > 1 else "")
+    write_frame(replies, {"ready": True})
+    worker = None  # set by "prepare"; a failed prepare leaves it None
+    while True:
+        try:
+            request = read_frame(requests)
+        except EOFError:
+            return
+        cmd = request["cmd"]
+        try:
+            if cmd == "prepare":
+                worker = Worker(request)
+                reply = worker.prepare(request["warmup"])
+            elif cmd == "check":
+                reply = worker.check(request["reference"], request["rtol"], request["atol"])
+            elif cmd == "step":
+                reply = worker.step()
+            elif cmd == "finish":
+                write_frame(replies, worker.finish() if worker else {"maxrss_mb": _maxrss_mb()})
+                replies.close()
+                sys.stderr.flush()
+                os._exit(0)  # nothing to clean up; interpreter teardown only costs seconds
+            else:
+                reply = {"error": f"unknown command {cmd!r}"}
+        except Exception as exc:  # noqa: BLE001 - reported to the driver, which carries on
+            traceback.print_exc()
+            reply = {"error": f"{type(exc).__name__}: {exc}".strip()}
+        write_frame(replies, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Smoke test of the benchmark harness (bench/): W1, one thread, eager and camlir_cpu, --quick."""
+
+import math
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_quick_w1(tmp_path):
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from bench import run
+
+    out = tmp_path / "bench.md"
+    rows = run.main(["--workloads", "W1", "--threads", "1", "--quick",
+                     "--variants", "eager,camlir_cpu", "--out", str(out)])
+    by_variant = {row["variant"]: row for row in rows}
+    assert set(by_variant) == {"eager", "camlir_cpu"}
+    for variant, row in by_variant.items():
+        assert row["error"] is None, (variant, row["error"])
+        assert row["correct"] == "ok", (variant, row["correct"])
+        assert row["iters"] >= 5
+        for key in ("median_ms", "ratio", "first_s", "maxrss_mb"):
+            assert math.isfinite(row[key]) and row[key] > 0, (variant, key, row[key])
+        assert row["counters"].get("fallbacks", 0) == 0
+    assert by_variant["eager"]["ratio"] == 1.0
+    text = out.read_text()
+    assert "| W1 | 1 | camlir_cpu |" in text and "python -m bench.run" in text
