@@ -12,8 +12,9 @@ do not:
 Workarounds, both stating nothing the IR did not already claim:
 - `refine_transpose_inputs`: cast a transpose's input to the sizes its result type claims
   (`torch.tensor_static_info_cast`, a `tensor.cast` after lowering).
-- `pin_results`: in functions with dynamic arguments, each result is returned through an
-  identity op typed as declared, which torch-mlir keeps until the decompositions are done.
+- `pin_results`: in functions of a symbolic trace (size or dynamic-dim arguments), each
+  result is returned through an identity op typed as declared, which torch-mlir keeps until
+  the decompositions are done.
 """
 
 import re
@@ -54,8 +55,13 @@ def _function_type(fn: ir.Operation) -> ir.FunctionType:
     return ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
 
 
+def _is_symbolic(type_: ir.Type) -> bool:
+    """A size argument, or a tensor with a dynamic dim: what a symbolic trace produces."""
+    return str(type_) == "!torch.int" or None in (_sizes(type_)[0] or [])
+
+
 def pin_results(module: ir.Module) -> None:
-    """In functions with a dynamic argument dim, returns each result through an
+    """In functions with a size argument or a dynamic argument dim, returns each result through an
     `aten.contiguous` typed as the function declares: torch-mlir's decompositions may then
     retype the ops before it, never the value returned. Chosen by trying: RefinePublicReturn
     looks through casts, and `clone`/`alias`/`detach` are folded before the decompositions
@@ -63,7 +69,7 @@ def pin_results(module: ir.Module) -> None:
     with module.context:
         for fn in _funcs(module):
             ftype = _function_type(fn)
-            if not any(None in (_sizes(t)[0] or []) for t in ftype.inputs):
+            if not any(_is_symbolic(t) for t in ftype.inputs):
                 continue
             ret = _return_op(fn)
             for i, declared in enumerate(ftype.results):

@@ -3,7 +3,8 @@
 Input: a module whose functions hold torch-dialect ops on `!torch.vtensor` values (value
 semantics), as camlir's outlining produces for the pure-compute parts of a backward.
 Output, in place: the same functions on builtin tensors, with ops only from `func`,
-`linalg`, `tensor`, `arith`, `math` and `scf` (the set `ALLOWED_DIALECTS`).
+`linalg`, `tensor`, `arith`, `math` and `scf` (the set `ALLOWED_DIALECTS`), plus `cf.assert`
+run-time size checks where dims are dynamic.
 
 Steps:
 0. With dynamic dims, static sizes the import claims but torch-mlir cannot derive are
@@ -26,8 +27,8 @@ from typing import Optional
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
-from .tm_tensor import lower_tm_tensor
 from .dynamic_dims import pin_results, refine_transpose_inputs
+from .tm_tensor import lower_tm_tensor
 
 # Ops that stay outside the JIT kernels and are called through torch at run time.
 EXTERN_OPS = frozenset({
@@ -105,9 +106,9 @@ def lower_to_linalg(module: ir.Module) -> None:
     try:
         _run(module, _TORCH_BACKEND)
     except ir.MLIRError as exc:
-        # The module is left as it was before the failing pass: ops the torch dialect does
-        # not know (torch.operator) are the usual culprits; otherwise the diagnostics name
-        # the op. Registered ops untouched at this stage are not evidence of a failure.
+        # Ops the torch dialect does not know (imported as torch.operator) are the usual
+        # culprits; otherwise the diagnostics name the op. Other ops still present are not
+        # evidence: this pipeline stops at the first failure.
         unknown = _aten_ops(module, unregistered_only=True)
         raise LoweringError("torch-function-to-torch-backend-pipeline",
                             unknown + [m.group(1) for m in _ATEN_IN_TEXT.finditer(str(exc))],
