@@ -4,7 +4,7 @@ import dataclasses
 
 from torch_mlir import ir
 
-from .base import CAPass, PassFailure
+from .base import CAPass, PassFailure, next_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +93,8 @@ def _cast_call_sites(top: ir.Block, kernel_names: set) -> None:
             for i, (value, want) in enumerate(zip(list(call.operands), ftype.inputs)):
                 if value.type != want:
                     call.operands[i] = _cast(_to_builtin_name(value.type), value, want)
-        next_op = _next(call)
-        with ir.InsertionPoint(next_op), call.location:
+        after = next_op(call)
+        with ir.InsertionPoint(after), call.location:
             for result, want in zip(call.results, ftype.results):
                 old_type = result.type
                 if old_type == want:
@@ -119,11 +119,3 @@ def _to_builtin_name(t: ir.Type) -> str:
 
 def _cast(name: str, value: ir.Value, to: ir.Type) -> ir.Value:
     return ir.Operation.create(name, results=[to], operands=[value]).results[0]
-
-
-def _next(op: ir.Operation) -> ir.Operation:
-    ops = list(op.block.operations)
-    for i, o in enumerate(ops):
-        if o.operation == op:
-            return ops[i + 1].operation
-    raise AssertionError("a call is never a block's last op")

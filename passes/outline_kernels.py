@@ -5,7 +5,7 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
-from .base import CAPass, PassFailure
+from .base import CAPass, PassFailure, is_inside, next_op
 
 # Ops the host keeps and clones into each kernel that reads them: they make scalars and
 # lists, which kernels cannot return and which cost nothing to recompute.
@@ -159,8 +159,8 @@ def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -
         kernel.attributes["ca.kernel"] = ir.UnitAttr.get()
         body = kernel.add_entry_block()
         last = ops[-1]
-        after = _next_op(last)
-        with ir.InsertionPoint(after) if after is not None else ir.InsertionPoint(last.parent.regions[0].blocks[0]):
+        # Never None: the function's terminator follows every run of compute.
+        with ir.InsertionPoint(next_op(last)):
             call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), inputs)
         with ir.InsertionPoint(body):
             ret = func.ReturnOp(outputs)
@@ -181,7 +181,7 @@ def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -
         op.move_before(ret.operation)
     for v, arg in zip(inputs, body.arguments):
         for use in list(v.uses):
-            if _inside(use.owner, kernel.operation):
+            if is_inside(use.owner, kernel.operation):
                 use.owner.operands[use.operand_number] = arg
     _clone_cloneables_into(kernel.operation, body)
     return 1
@@ -221,9 +221,9 @@ def _clone_cloneables_into(kernel: ir.Operation, body: ir.Block) -> None:
     kernel.walk(lambda o: targets.append(o.operation) or ir.WalkResult.ADVANCE)
     for op in targets:
         for i, v in enumerate(op.operands):
-            if not _inside(op, kernel) or not _is_cloneable_value(v):
+            if not is_inside(op, kernel) or not _is_cloneable_value(v):
                 continue
-            if _inside(v.owner.operation, kernel):
+            if is_inside(v.owner.operation, kernel):
                 continue
             op.operands[i] = clone(v)
 
@@ -239,25 +239,8 @@ def _erase_dead_cloneables(block: ir.Block) -> None:
                 changed = True
 
 
-def _next_op(op: ir.Operation):
-    block_ops = list(op.block.operations)
-    for i, o in enumerate(block_ops):
-        if o.operation == op:
-            return block_ops[i + 1].operation if i + 1 < len(block_ops) else None
-    return None
-
-
 def _ops_between(first: ir.Operation, last: ir.Operation) -> list:
     block_ops = [o.operation for o in first.block.operations]
     start = block_ops.index(first)
     end = block_ops.index(last)
     return block_ops[start:end]
-
-
-def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
-    op = op.parent
-    while op is not None:
-        if op == ancestor:
-            return True
-        op = op.parent
-    return False

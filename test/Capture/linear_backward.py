@@ -1,8 +1,8 @@
 # RUN: %python %s | FileCheck %s
 # RUN: %python %s | ca-opt | FileCheck %s
 # The captured backward of nn.Linear with a tensor hook on the input: one ca.node per
-# autograd node, the hook as ca.hook, accumulation as ca.accumulate_grad. The printed module
-# re-parses and verifies with ca-opt.
+# autograd node, the hook as ca.hook (traced by the cpu backend into the body @hook_0),
+# accumulation as ca.accumulate_grad. The printed module re-parses and verifies with ca-opt.
 
 import torch
 
@@ -23,8 +23,10 @@ print(camlir.captured_graphs()[-1][1])
 # CHECK: "ca.node"
 # CHECK: torch.aten.mm
 # CHECK: node = "AddmmBackward0"
-# CHECK: "ca.hook"(%{{.*}}) {hook_id = 0 : i64, kind = "tensor_pre_hook"} : (!torch.vtensor<[4,10],f32>) -> !torch.vtensor<[4,10],f32>
+# CHECK: "ca.hook"(%{{.*}}) {body = @hook_0, hook_id = 0 : i64, kind = "tensor_pre_hook"} : (!torch.vtensor<[4,10],f32>) -> !torch.vtensor<[4,10],f32>
 # CHECK: "ca.accumulate_grad"
 # CHECK: node = "TBackward0"
 # CHECK: "ca.accumulate_grad"
 # CHECK: return
+# CHECK: func.func private @hook_0
+# CHECK: torch.aten.mul

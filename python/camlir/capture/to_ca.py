@@ -19,6 +19,7 @@ from torch_mlir import ir
 from torch_mlir.extras.fx_importer import FxImporter
 
 from camlir.dialects.ca import build, verify_or_raise
+from camlir.passes.base import is_inside
 
 from .leaves import LEAF_OPS
 
@@ -169,16 +170,6 @@ def _convert_hook(op: ir.Operation, kind: str) -> None:
     op.erase()
 
 
-def _is_inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
-    """True when `op` is nested (strictly) in `ancestor`'s regions."""
-    op = op.parent
-    while op is not None:
-        if op == ancestor:
-            return True
-        op = op.parent
-    return False
-
-
 def _sink_accumulations(block: ir.Block) -> None:
     """Moves an accumulation below the rest of the node whose result it accumulates.
 
@@ -280,11 +271,11 @@ def _wrap(block: ir.Block, name: str, index: int, aot, ops: list) -> None:
     replacements.update(cloned)
     for v, new in replacements.items():
         for use in list(v.uses):
-            if _is_inside(use.owner, node):
+            if is_inside(use.owner, node):
                 use.owner.operands[use.operand_number] = new
     for v, res in zip(outputs, node.results):
         for use in list(v.uses):
-            if not _is_inside(use.owner, node):
+            if not is_inside(use.owner, node):
                 use.owner.operands[use.operand_number] = res
 
 
