@@ -99,13 +99,14 @@ class OutlineKernels(CAPass):
     summary = "Outline runs of compute into ca.kernel functions; the host keeps hooks and accumulation"
 
     function: str = "backward"
+    extern_ops: str = ""  # more aten ops to keep on the host, comma-separated ("aten.foo,aten.bar")
 
     def run(self, module: ir.Operation) -> None:
         host = _find_func(module, self.function)
         if host is None:
             raise PassFailure(f"no function @{self.function} to outline", module)
         block = host.regions[0].blocks[0]
-        extern = default_extern_ops()
+        extern = default_extern_ops() | {name for name in self.extern_ops.split(",") if name}
         segment, n_kernels = [], 0
         for op in list(block.operations):
             op = op.operation

@@ -73,3 +73,4 @@ func.func @backward(%g: !torch.vtensor<[4],f32>) {
   %0 = torch.aten.neg %g : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
   return
 }
+

@@ -240,3 +240,24 @@ def test_vectorizable_exp_and_erf_are_accurate():
     torch.testing.assert_close(exp.double(), x64.exp().float().double(), rtol=3e-7, atol=0)
     torch.testing.assert_close(erf.double(), torch.erf(x64), rtol=0, atol=3e-7)
     assert exp[x < -87.4].eq(0).all() and exp[x > 88.8].isinf().all()
+
+
+def test_ops_without_lowering_run_on_the_host_between_kernels():
+    # avg_pool2d_backward has no lowering; cumsum's backward leaves a tm_tensor.scan the
+    # lowering cannot take. Both move to the host instead of the graph being interpreted.
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = torch.nn.functional.avg_pool2d(self.fc(x).view(2, 1, 4, 16), 2)
+            return y.cumsum(-1).sum()
+
+    with camlir_logs("recompiles") as messages:
+        eager, ours = eager_and_camlir(Pooled, lambda: [torch.randn(8, 16)], lambda m, x: m(x),
+                                       steps=2, backend="cpu")
+    assert_grads_equal(eager, ours)
+    _compiled_natively()
+    assert any("aten.avg_pool2d_backward cannot be lowered" in m for m in messages)
+    assert any("aten.cumsum cannot be lowered" in m for m in messages)

@@ -13,6 +13,7 @@ descriptors), a hook that stayed a Python call, an accumulation into `.grad` (Py
 own rule: steal or assign when `.grad` is None, add in place otherwise), an extern op.
 """
 
+import re
 import time
 
 import torch
@@ -26,7 +27,16 @@ from camlir.passes.pipeline import run_pipeline
 
 from . import abi, codegen, layouts
 
-LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels,ca-lower-to-linalg,ca-fuse-elementwise"
+LOWERING = "ca-inline-hooks,ca-flatten-nodes,ca-outline-kernels{extern-ops=%s},ca-lower-to-linalg,ca-fuse-elementwise"
+_UNCONVERTED = re.compile(r"not converted: ([A-Za-z0-9_.,\s]+)")
+_MAX_RETRIES = 3
+# torch-mlir ops a failed lowering can leave behind, and the aten ops that produce them.
+_LEFTOVER_SOURCES = {
+    "tm_tensor.scan": ("aten.cumsum", "aten.cumprod", "aten.logcumsumexp"),
+    "tm_tensor.sort": ("aten.sort",),
+    "tm_tensor.topk": ("aten.topk",),
+    "tm_tensor.attention": ("aten._scaled_dot_product_flash_attention_for_cpu",),
+}
 
 
 class CpuProgram:
@@ -34,16 +44,7 @@ class CpuProgram:
                  specialize: str = ""):
         start = time.perf_counter()
         with module.context, ir.Location.unknown():
-            work = ir.Module.parse(str(module))
-            if specialize:
-                run_pipeline(work, f"ca-flatten-nodes,{specialize}")
-                _dump("specialized", work)
-            host = _func(work, func_name)
-            self.arg_perms = layouts.specialize_layouts(host, example_args)
-            if any(self.arg_perms):
-                _dump("layouts", work)
-            run_pipeline(work, LOWERING)
-            _dump("lowered", work)
+            work, host = self._lower(module, example_args, func_name, specialize)
             self.lowered_text = str(work)
             kernel_module = ir.Module.create()
             specs = {}
@@ -60,6 +61,33 @@ class CpuProgram:
         self.program = _compile_block(host.regions[0].blocks[0], terminator="func.return", extra=self._extra)
         self._perm_args = [(i, p) for i, p in enumerate(self.arg_perms) if p is not None]
         self.compile_seconds = time.perf_counter() - start
+
+    def _lower(self, module, example_args, func_name, specialize):
+        """Runs the lowering; an aten op it cannot convert is kept on the host (run through
+        torch between kernels) and the lowering starts again, rather than the whole graph
+        dropping to the interpreter."""
+        extern = []
+        for attempt in range(_MAX_RETRIES + 1):
+            work = ir.Module.parse(str(module))
+            if specialize:
+                run_pipeline(work, f"ca-flatten-nodes,{specialize}")
+                _dump("specialized", work)
+            host = _func(work, func_name)
+            self.arg_perms = layouts.specialize_layouts(host, example_args)
+            if any(self.arg_perms):
+                _dump("layouts", work)
+            try:
+                run_pipeline(work, LOWERING % ",".join(extern))
+            except ir.MLIRError as exc:
+                new = [n for n in _culprits(str(exc), work) if n not in extern]
+                if not new or attempt == _MAX_RETRIES:
+                    raise
+                logs.log.info("camlir: %s cannot be lowered; kept on the host, run through torch",
+                              ", ".join(new))
+                extern += new
+                continue
+            _dump("lowered", work)
+            return work, host
 
     def _extra(self, op: ir.Operation):
         if op.name == "ca.accumulate_grad" and _fresh_and_private(op.operands[1]):
@@ -131,6 +159,27 @@ class SpecializingProgram:
             program = self.fallback()
         self.variants[key] = program
         return program
+
+
+def _culprits(message: str, work: ir.Module) -> list:
+    """The aten ops a lowering failure names, directly or through what they left behind."""
+    found = _UNCONVERTED.search(message)
+    names = [n.strip() for n in found.group(1).split(",")] if found else []
+    present = set()
+    work.operation.walk(lambda o: present.add(_aten_name(o.operation)) or ir.WalkResult.ADVANCE)
+    culprits = []
+    for name in names:
+        for source in (name,) if name.startswith("aten.") else _LEFTOVER_SOURCES.get(name, ()):
+            if source in present and source not in culprits:
+                culprits.append(source)
+    return culprits
+
+
+def _aten_name(op: ir.Operation) -> str:
+    name = op.name
+    if name == "torch.operator":
+        name = ir.StringAttr(op.attributes["name"]).value
+    return name.removeprefix("torch.")
 
 
 def _identity(ins, rt):
