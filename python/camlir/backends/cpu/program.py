@@ -2,10 +2,11 @@
 
 Compile (once per variant; each stage printable with `CA_LOGS=verbose`):
 
+    specialized symbolic captures only: ca-specialize-shapes for the observed sizes
     layouts     strided inputs become permutes of contiguous ones      (layouts.py)
-    pipeline    ca-inline-hooks, ca-flatten-nodes, ca-outline-kernels, ca-lower-to-linalg,
-                ca-fuse-elementwise
-    codegen     fuse, bufferize, BLAS calls, LLVM, JIT                  (codegen.py)
+    lowered     ca-inline-hooks, ca-flatten-nodes, ca-outline-kernels, ca-lower-to-linalg,
+                ca-fuse-elementwise; an op that cannot be lowered moves to the host
+    codegen     math, bufferize, BLAS calls, loops, LLVM, JIT          (codegen.py)
     host        the rest of @backward as a list of steps               (backends/eager.py)
 
 Run: the host program walks its steps: a kernel call (native, through pre-built
@@ -16,13 +17,12 @@ own rule: steal or assign when `.grad` is None, add in place otherwise), an exte
 import re
 import time
 
-import torch
+from torch._dynamo.external_utils import call_accumulate_grad
 from torch_mlir import ir
 
 from camlir import logs
-from torch._dynamo.external_utils import call_accumulate_grad
-
 from camlir.backends.eager import Runtime, _compile_block
+from camlir.passes.outline_kernels import torch_op_name
 from camlir.passes.pipeline import run_pipeline
 
 from . import abi, codegen, layouts
@@ -166,20 +166,13 @@ def _culprits(message: str, work: ir.Module) -> list:
     found = _UNCONVERTED.search(message)
     names = [n.strip() for n in found.group(1).split(",")] if found else []
     present = set()
-    work.operation.walk(lambda o: present.add(_aten_name(o.operation)) or ir.WalkResult.ADVANCE)
+    work.operation.walk(lambda o: present.add(torch_op_name(o.operation)) or ir.WalkResult.ADVANCE)
     culprits = []
     for name in names:
         for source in (name,) if name.startswith("aten.") else _LEFTOVER_SOURCES.get(name, ()):
             if source in present and source not in culprits:
                 culprits.append(source)
     return culprits
-
-
-def _aten_name(op: ir.Operation) -> str:
-    name = op.name
-    if name == "torch.operator":
-        name = ir.StringAttr(op.attributes["name"]).value
-    return name.removeprefix("torch.")
 
 
 def _identity(ins, rt):
