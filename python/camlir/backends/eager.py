@@ -80,9 +80,13 @@ class EagerProgram:
         return self.program.run(list(args), Runtime(hooks, callbacks))
 
 
+ALIAS = object()  # what `extra` returns for an op whose result is its operand (a cast)
+
+
 def _compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
     """`extra(op)` may return a handler for ops this interpreter does not know (the cpu
-    backend's kernel calls); None means "not mine"."""
+    backend's kernel calls), `ALIAS` for a value-preserving cast, which costs no step,
+    or None for "not mine"."""
     slots = {}
 
     def slot(v):
@@ -100,6 +104,9 @@ def _compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
         if op.name in _NO_OPS:
             continue
         fn = (extra(op) if extra is not None else None) or _handler(op, extra)
+        if fn is ALIAS:
+            slots[op.results[0]] = slot(op.operands[0])
+            continue
         steps.append(_Step(fn, tuple(slot(v) for v in op.operands), tuple(slot(r) for r in op.results)))
     return _Program(len(slots), arg_slots, steps, result_slots)
 

@@ -21,7 +21,7 @@ from torch._dynamo.external_utils import call_accumulate_grad
 from torch_mlir import ir
 
 from camlir import logs
-from camlir.backends.eager import Runtime, _compile_block
+from camlir.backends.eager import ALIAS, Runtime, _compile_block
 from camlir.passes.outline_kernels import torch_op_name
 from camlir.passes.pipeline import run_pipeline
 
@@ -96,7 +96,7 @@ class CpuProgram:
             kernel = self.kernels[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
             return lambda ins, rt: kernel(ins)
         if op.name.startswith("torch_c."):
-            return _identity
+            return ALIAS  # only the static type changes
         return None
 
     def __call__(self, args, hooks, callbacks=()):
@@ -173,10 +173,6 @@ def _culprits(message: str, work: ir.Module) -> list:
             if source in present and source not in culprits:
                 culprits.append(source)
     return culprits
-
-
-def _identity(ins, rt):
-    return ins
 
 
 def _fresh_and_private(value: ir.Value) -> bool:
