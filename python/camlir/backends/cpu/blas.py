@@ -27,7 +27,7 @@ import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref
 
-from camlir.passes.fuse_elementwise import fold_transposes, matmul_maps  # noqa: F401 (re-exported)
+from camlir.passes.fuse_elementwise import matmul_maps
 
 _ELEM = {"f32": ("s", 4), "f64": ("d", 8)}
 

@@ -1,12 +1,11 @@
 """From linalg-on-tensors kernels to native code, one readable stage at a time.
 
-    blas-maps   transposes feeding matmuls become indexing maps (no copies)
     math        f32 exp/erf become polynomials LLVM can vectorize (math_approx.py)
     bufferize   one-shot-bufferize; inputs are read-only; results become out-parameters
                 that the runtime allocates with torch; temporaries are freed
     blas-calls  matmuls become calls into MKL through the wrappers in blas.py
     loops       8-wide vectorized affine loops (scalar loops where that is refused)
-    llvm        loops, then the LLVM dialect; `math.erf` and friends go to libm
+    llvm        the LLVM dialect; f64 `math.erf` and friends go to libm
     jit         MLIR's ExecutionEngine at -O2 (-O3 measured no faster to run or compile), BLAS symbols registered
 
 Every stage can be printed with `CA_LOGS=verbose`. Kernels are public functions with the
@@ -122,11 +121,11 @@ def _copies_to_linalg(module: ir.Module) -> None:
 
 
 def compile_kernels(module: ir.Module, *, opt_level: int = 2) -> ExecutionEngine:
-    """Lowers a module of fused linalg-on-tensors kernels (in place) and JIT-compiles it."""
+    """Lowers a module of linalg-on-tensors kernels (in place) and JIT-compiles it.
+    Kernels are expected to have been through ca-fuse-elementwise, which also folds
+    transposes into matmul maps."""
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
-        blas.fold_transposes(module)
-        _dump("blas-maps", module)
         math_approx.approximate_math(module)
         _dump("math", module)
         _mark_inputs_read_only(module)
