@@ -22,3 +22,16 @@ def ca_opt_cmd():
     """How to run the installed ca-opt console script."""
     exe = os.path.join(os.path.dirname(sys.executable), "ca-opt")
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "camlir.tools.ca_opt"]
+
+
+@pytest.fixture(params=["eager", "cpu"])
+def each_backend(request):
+    """Runs a test once per backend: `eager_and_camlir` uses it unless told otherwise."""
+    import camlir
+    import helpers
+
+    camlir.reset()
+    helpers.use_backend(request.param)
+    yield request.param
+    helpers.use_backend("eager")
+    camlir.reset()

@@ -5,18 +5,11 @@ import torch
 import torch.nn as nn
 
 import camlir
-import helpers
 from helpers import assert_grads_equal, camlir_logs, eager_and_camlir, grads_of
 
 
-@pytest.fixture(autouse=True, params=["eager", "cpu"])
-def backend(request):
-    """Every case runs on the reference interpreter and on the cpu backend."""
-    camlir.reset()
-    helpers.use_backend(request.param)
-    yield request.param
-    helpers.use_backend("eager")
-    camlir.reset()
+# Every case runs on the reference interpreter and on the cpu backend (conftest.py).
+pytestmark = pytest.mark.usefixtures("each_backend")
 
 
 def _hooked_model(record):

@@ -1,4 +1,4 @@
-"""The model zoo: every backward captured, imported into `ca`, run by the reference backend,
+"""The model zoo: every backward captured, imported into `ca`, run by the reference backend and the cpu backend,
 and compared with PyTorch's eager engine."""
 
 import pytest
@@ -7,18 +7,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import camlir
-import helpers
 from helpers import assert_grads_equal, eager_and_camlir
 
 
-@pytest.fixture(autouse=True, params=["eager", "cpu"])
-def backend(request):
-    """Every case runs on the reference interpreter and on the cpu backend."""
-    camlir.reset()
-    helpers.use_backend(request.param)
-    yield request.param
-    helpers.use_backend("eager")
-    camlir.reset()
+# Every case runs on the reference interpreter and on the cpu backend (conftest.py).
+pytestmark = pytest.mark.usefixtures("each_backend")
 
 
 def _no_fallbacks():
