@@ -1,5 +1,5 @@
-"""The model zoo: every backward captured, imported into `ca`, run by the reference backend and the cpu backend,
-and compared with PyTorch's eager engine."""
+"""The model zoo: every backward captured, imported into `ca`, run by the reference backend
+and by the cpu backend, and compared with PyTorch's eager engine."""
 
 import pytest
 import torch
