@@ -17,7 +17,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "compile_backward": "api", "enable": "api", "reset": "api",
     "captured_graphs": "compiled", "compiled_programs": "compiled", "summarize": "summary",
-    "config": "settings", "counters": "stats", "UnsupportedError": "errors",
+    # "config" loads api (which re-exports it) so that the capture engine is registered and
+    # has its compiler: `camlir.config.enabled = True` alone must patch backward.
+    "config": "api", "counters": "stats", "UnsupportedError": "errors",
     "set_logs": "logs", "make_context": "context",
 }
 __all__ = sorted(_LAZY)

@@ -1,4 +1,8 @@
-"""The public API: `compile_backward`, `enable`, `reset`."""
+"""The public API: `compile_backward`, `enable`, `reset`, and `config` (re-exported from
+`settings`, so that `camlir.config` loads this module and with it the capture engine).
+
+Importing this module hands `compiled.CompiledBackward` to the capture engine, which
+compiles every captured graph with it; the engine itself never imports the compiler."""
 
 import contextlib
 
@@ -6,7 +10,10 @@ import torch
 
 from . import compiled
 from .capture import engine
+from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config
 from .stats import counters
+
+engine.set_compiler(compiled.CompiledBackward)
 
 
 def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, fullgraph=None):
@@ -26,7 +33,7 @@ def enable(backend=None, fullgraph=None, dynamic=None):
     """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir."""
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
-    with engine.scoped(engine.Settings(backend, fullgraph, dynamic)):
+    with scoped(Settings(backend, fullgraph, dynamic)):
         yield
 
 

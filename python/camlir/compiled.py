@@ -19,7 +19,7 @@ import torch
 from . import logs
 from .backends.cpu.program import CpuProgram, SpecializingProgram
 from .backends.eager import EagerProgram, InterpreterError
-from .capture.engine import active_settings
+from .settings import active_settings
 from .capture.hook_trace import trace_hooks
 from .capture.retrace import RetraceError, plain_sizes, retrace
 from .capture.to_ca import import_graph

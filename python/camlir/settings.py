@@ -1,4 +1,4 @@
-"""`camlir.config`: the process-wide settings.
+"""`camlir.config`: the process-wide settings, and the per-thread `enable()` scopes over them.
 
     camlir.config.enabled = True   # every backward in the process goes through camlir
     camlir.config.backend = "cpu"  # the default; "eager" is the reference interpreter
@@ -6,7 +6,19 @@
     camlir.config.dynamic = None   # None: sizes start static and become symbolic when they change
 
 Bad values are rejected when set, with a message that says what is accepted.
+
+`scoped(Settings(...))` (what `camlir.enable()` opens) overrides them on one thread;
+`active_settings()` is what a backward on this thread runs with. This module imports
+nothing of camlir: whoever must follow whether camlir is in use (the capture engine, which
+patches `torch.autograd.backward`) registers with `on_change` and is called whenever
+`config.enabled` changes or a scope opens or closes; `in_use()` then says whether anything
+wants camlir.
 """
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 BACKENDS = ("eager", "cpu")
 
@@ -24,10 +36,8 @@ class Config:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
-        from .capture import engine
-
         self._enabled = bool(value)
-        engine.refresh_patch()
+        _notify()
 
     @property
     def backend(self) -> str:
@@ -55,3 +65,85 @@ def check_backend(value) -> str:
 
 
 config = Config()
+
+
+# --------------------------------------------------------------------------- scopes
+
+@dataclass(frozen=True)
+class Settings:
+    """What one `enable()` scope sets; None fields fall back to `config` (`resolved()`)."""
+
+    backend: Optional[str] = None
+    fullgraph: Optional[bool] = None
+    dynamic: Optional[bool] = None
+
+    def resolved(self) -> "Settings":
+        return Settings(
+            backend=self.backend if self.backend is not None else config.backend,
+            fullgraph=self.fullgraph if self.fullgraph is not None else config.fullgraph,
+            dynamic=self.dynamic if self.dynamic is not None else config.dynamic,
+        )
+
+
+_local = threading.local()
+_lock = threading.Lock()
+_scoped = {"count": 0}  # enable() scopes open on any thread
+_listeners: list = []
+
+
+def _stack() -> list:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def active_settings() -> Optional[Settings]:
+    """The settings in force for a backward on this thread, or None when camlir is off."""
+    stack = _stack()
+    if stack:
+        return stack[-1].resolved()
+    if config.enabled:
+        return Settings().resolved()
+    return None
+
+
+def open_scopes() -> int:
+    """How many `scoped()` blocks are open, on all threads together."""
+    with _lock:
+        return _scoped["count"]
+
+
+def in_use() -> bool:
+    """Whether anything wants camlir: `config.enabled`, or a scope open on any thread."""
+    return config.enabled or open_scopes() > 0
+
+
+def on_change(callback: Callable[[], None]) -> Callable[[], None]:
+    """Calls `callback()` whenever `config.enabled` is set or a scope opens or closes
+    (after the change, on the thread that made it). Registering twice calls it once."""
+    if callback not in _listeners:
+        _listeners.append(callback)
+    return callback
+
+
+def _notify() -> None:
+    for callback in list(_listeners):
+        callback()
+
+
+@contextlib.contextmanager
+def scoped(settings: Settings):
+    """Runs the block with `settings` over `config` on this thread (what `enable()` opens)."""
+    if settings.backend is not None:
+        check_backend(settings.backend)
+    _stack().append(settings)
+    with _lock:
+        _scoped["count"] += 1
+    _notify()
+    try:
+        yield
+    finally:
+        _stack().pop()
+        with _lock:
+            _scoped["count"] -= 1
+        _notify()

@@ -10,7 +10,8 @@ from torch_mlir import ir
 import camlir
 from camlir import compiled
 from camlir.backends.eager import EagerProgram
-from camlir.capture.hook_trace import HookGuard, trace_hooks
+from camlir.cache import HookGuard
+from camlir.capture.hook_trace import trace_hooks
 from camlir.dialects.ca import verify_or_raise
 from camlir.passes import run_pipeline
 from helpers import camlir_logs

@@ -11,76 +11,34 @@ explains why ("Cache miss due to ..."). Those reasons are collected through the 
 logger hook of compiled autograd's C++ side and attached to the capture.
 """
 
-import contextlib
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
-from camlir.settings import check_backend, config
+from camlir.settings import active_settings, in_use, on_change
 
 _original_backward = torch.autograd.backward
-_local = threading.local()
-
-
-@dataclass(frozen=True)
-class Settings:
-    backend: Optional[str] = None
-    fullgraph: Optional[bool] = None
-    dynamic: Optional[bool] = None
-
-    def resolved(self) -> "Settings":
-        return Settings(
-            backend=self.backend if self.backend is not None else config.backend,
-            fullgraph=self.fullgraph if self.fullgraph is not None else config.fullgraph,
-            dynamic=self.dynamic if self.dynamic is not None else config.dynamic,
-        )
-
-
-def _stack() -> list:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
-
-
-def active_settings() -> Optional[Settings]:
-    """The settings in force for a backward on this thread, or None when camlir is off."""
-    stack = _stack()
-    if stack:
-        return stack[-1].resolved()
-    if config.enabled:
-        return Settings().resolved()
-    return None
-
-
-@contextlib.contextmanager
-def scoped(settings: Settings):
-    if settings.backend is not None:
-        check_backend(settings.backend)
-    _stack().append(settings)
-    with _lock:
-        _scoped["count"] += 1
-    refresh_patch()
-    try:
-        yield
-    finally:
-        _stack().pop()
-        with _lock:
-            _scoped["count"] -= 1
-        refresh_patch()
-
-
+_local = threading.local()  # `inside`: this thread is already in a wrapped backward
 _lock = threading.Lock()
-_scoped = {"count": 0}  # enable() scopes open on any thread
+# What compiles a captured graph: fn(gm, reasons) -> the callable handed back to the
+# autograd engine. Set by camlir.api (`set_compiler`), so that this module never imports
+# the compiler above it.
+_compiler: list = [None]
+
+
+def set_compiler(fn: Optional[Callable]) -> None:
+    """Sets what compiles each captured graph: `fn(gm, reasons)` returns the callable the
+    autograd engine runs for that graph (camlir.api hands it `compiled.CompiledBackward`)."""
+    _compiler[0] = fn
 
 
 def refresh_patch() -> None:
     """Installs the backward wrapper while anything uses camlir, removes it otherwise."""
     with _lock:
-        wanted = config.enabled or _scoped["count"] > 0
+        wanted = in_use()
         torch.autograd.backward = _camlir_backward if wanted else _original_backward
 
 
@@ -107,10 +65,17 @@ def take_reasons() -> list:
     return reasons
 
 
-def _compiler_fn(gm):
-    from camlir.compiled import CompiledBackward
+def _the_compiler() -> Callable:
+    compile_graph = _compiler[0]
+    if compile_graph is None:
+        raise RuntimeError("camlir's capture engine has no compiler set: import camlir.api (or use "
+                           "camlir.enable / camlir.compile_backward / camlir.config), which sets it "
+                           "through camlir.capture.engine.set_compiler")
+    return compile_graph
 
-    return CompiledBackward(gm, take_reasons())
+
+def _compiler_fn(gm):
+    return _the_compiler()(gm, take_reasons())
 
 
 def _camlir_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
@@ -119,6 +84,9 @@ def _camlir_backward(tensors, grad_tensors=None, retain_graph=None, create_graph
     if settings is None or create_graph or getattr(_local, "inside", False):
         return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
                                   grad_variables, inputs=inputs)
+    # Checked before the autograd engine starts: an exception raised from inside compiled
+    # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
+    _the_compiler()
     _local.inside = True
     try:
         with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
@@ -136,3 +104,9 @@ def reset() -> None:
     """Forgets every captured graph (PyTorch's compiled-autograd cache included)."""
     ca_mod.reset()
     take_reasons()
+
+
+# Follow config.enabled and the enable() scopes from now on, and catch up with any change
+# made before this module was imported.
+on_change(refresh_patch)
+refresh_patch()
