@@ -9,6 +9,9 @@ PY="$PWD/.venv/bin/python"
 echo "== docs are up to date with the op and pass descriptions"
 "$PY" -m camlir.tools.gen_docs --check docs
 
+echo "== wheel: non-editable install in a clean venv"
+bash tools/check_wheel.sh
+
 echo "== lit suites (cmake --build build --target check-ca)"
 if command -v cmake >/dev/null 2>&1; then
   generator=()
