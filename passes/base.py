@@ -80,22 +80,3 @@ def _format_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def is_inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
-    """True when `op` is nested (strictly) in `ancestor`'s regions."""
-    op = op.parent
-    while op is not None:
-        if op == ancestor:
-            return True
-        op = op.parent
-    return False
-
-
-def next_op(op: ir.Operation):
-    """The op after `op` in its block, or None for the last one."""
-    ops = list(op.block.operations)
-    for i, o in enumerate(ops):
-        if o.operation == op:
-            return ops[i + 1].operation if i + 1 < len(ops) else None
-    return None

@@ -4,7 +4,11 @@ import dataclasses
 
 from torch_mlir import ir
 
-from .base import CAPass, PassFailure, next_op
+from camlir.dialects.ca.ir_helpers import (find_func, func_name, function_type, funcs, is_kernel,
+                                           next_op, ops_matching, ops_named, torch_op_name)
+
+from .base import CAPass, PassFailure
+from .outline_kernels import HOST_ATTR, is_cloneable, outline_runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +21,13 @@ class LowerToLinalg(CAPass):
     out. The runtime treats these casts as identities: they only change the static type.
     Kernels are lowered in a scratch module, because torch-mlir's pipelines are module
     passes that would otherwise also try to legalize the host's `ca` ops.
+
+    An op the lowering cannot convert (no lowering in torch-mlir, or a leftover such as
+    `tm_tensor.scan` that camlir cannot take further) moves to the host, where the runtime
+    calls it through torch: its kernel is inlined back at its call site, the op is marked
+    `ca.host`, the rest is outlined again around it, and the new kernels are lowered. Each
+    such move is recorded in the module attribute `ca.host_ops` (op names, for logs). The
+    failing op is found from the locations of the lowering's diagnostics, not their text.
 
     Before:
     ```mlir
@@ -42,53 +53,111 @@ class LowerToLinalg(CAPass):
     argument = "ca-lower-to-linalg"
     summary = "Lower ca.kernel functions from the torch dialect to linalg on tensors"
 
+    function: str = "backward"
+
     def run(self, module: ir.Operation) -> None:
-        from camlir.lowering.torch_to_linalg import LoweringError, lower_to_linalg
+        host = find_func(module, self.function)
+        pending = funcs(module, is_kernel)
+        moved = []
+        while pending:
+            failure = _lower_kernels(module, pending)
+            if failure is not None and not failure[1] and len(pending) > 1:
+                # The diagnostics did not point at an op: find the kernel by lowering them
+                # one at a time (those that lower are done).
+                failure = None
+                for k in list(pending):
+                    pending.remove(k)
+                    failure = _lower_kernels(module, [k])
+                    if failure is not None:
+                        break
+            if failure is None:
+                break
+            kernel, culprits, error = failure
+            if host is None:
+                raise PassFailure(str(error).splitlines()[0], kernel)
+            if not culprits:  # no op identified: the whole kernel runs through torch
+                culprits = [op.operation for op in kernel.regions[0].blocks[0].operations
+                            if op.operation.name != "func.return" and not is_cloneable(op.operation)]
+            moved += [torch_op_name(op) for op in culprits]
+            pending = [k for k in pending if k != kernel] + _move_to_host(module, host, kernel, culprits)
+        if moved:
+            with module.context:
+                previous = [ir.StringAttr(a).value for a in ir.ArrayAttr(module.attributes["ca.host_ops"])] \
+                    if "ca.host_ops" in module.attributes else []
+                module.attributes["ca.host_ops"] = ir.ArrayAttr.get(
+                    [ir.StringAttr.get(n) for n in previous + moved])
+        _cast_call_sites(module, {func_name(k) for k in funcs(module, is_kernel)})
 
-        top = module.regions[0].blocks[0]
-        kernels = [op.operation for op in top.operations
-                   if op.operation.name == "func.func" and "ca.kernel" in op.operation.attributes]
-        if not kernels:
-            return
-        with module.context, ir.Location.unknown():
-            scratch = ir.Module.create()
-            for k in kernels:
-                clone = k.clone(ir.InsertionPoint(scratch.body))
-                clone.attributes["sym_visibility"] = ir.StringAttr.get("public")
-            try:
-                lower_to_linalg(scratch)
-            except LoweringError as exc:
-                raise PassFailure(str(exc).splitlines()[0], kernels[0]) from None
-            lowered = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
-                       for op in scratch.body.operations if op.operation.name == "func.func"}
-            for k in kernels:
-                name = ir.StringAttr(k.attributes["sym_name"]).value
-                new = lowered[name]
-                new.attributes["sym_visibility"] = ir.StringAttr.get("private")
-                new.attributes["ca.kernel"] = ir.UnitAttr.get()
-                new.move_before(k)
-                k.erase()
-            _cast_call_sites(top, set(lowered))
+
+def _lower_kernels(module: ir.Operation, kernels: list):
+    """Lowers `kernels` in a scratch module and swaps them in. On failure nothing is swapped
+    and the result is (kernel, ops of that kernel that did not convert, the error)."""
+    from camlir.lowering.torch_to_linalg import LoweringError, lower_to_linalg
+
+    with module.context, ir.Location.unknown():
+        scratch = ir.Module.create()
+        originals = [scratch.operation]  # position n of the scratch's pre-order walk
+        for k in kernels:
+            clone = k.clone(ir.InsertionPoint(scratch.body))
+            clone.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            originals += ops_matching(k, lambda op: True)
+        try:
+            lower_to_linalg(scratch)
+        except LoweringError as exc:
+            culprits = [originals[n] for n in exc.sources if n < len(originals)]
+            culprits = [op for op in culprits if op.name not in ("func.func", "func.return", "builtin.module")]
+            owner = culprits[0].parent if culprits else kernels[0]
+            return owner, [op for op in culprits if op.parent == owner], exc
+        lowered = {func_name(fn): fn for fn in funcs(scratch)}
+        for k in kernels:
+            new = lowered[func_name(k)]
+            new.attributes["sym_visibility"] = ir.StringAttr.get("private")
+            new.attributes["ca.kernel"] = ir.UnitAttr.get()
+            new.move_before(k)
+            k.erase()
+    return None
 
 
-def _function_type(fn: ir.Operation) -> ir.FunctionType:
-    return ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+def _move_to_host(module: ir.Operation, host: ir.Operation, kernel: ir.Operation, culprits: list) -> list:
+    """Inlines `kernel` at its call in `host`, marks the copies of `culprits` `ca.host`, and
+    outlines what is left around them; returns the new kernels."""
+    name = func_name(kernel)
+    calls = [c for c in ops_named(host, "func.call")
+             if ir.FlatSymbolRefAttr(c.attributes["callee"]).value == name]
+    if len(calls) != 1:
+        raise PassFailure(f"kernel @{name} has {len(calls)} call sites; cannot move its ops to the host", kernel)
+    call = calls[0]
+    body = kernel.regions[0].blocks[0]
+    mapping = {arg: v for arg, v in zip(body.arguments, call.operands)}
+    marked = set(culprits)
+    with module.context, ir.InsertionPoint(call):
+        for op in body.operations:
+            op = op.operation
+            if op.name == "func.return":
+                for result, value in zip(call.results, op.operands):
+                    result.replace_all_uses_with(mapping.get(value, value))
+                continue
+            new = op.clone()
+            for i, v in enumerate(new.operands):
+                if v in mapping:
+                    new.operands[i] = mapping[v]
+            for old_r, new_r in zip(op.results, new.results):
+                mapping[old_r] = new_r
+            if op in marked:
+                new.attributes[HOST_ATTR] = ir.UnitAttr.get()
+    call.erase()
+    kernel.erase()
+    return outline_runs(module, host)
 
 
-def _cast_call_sites(top: ir.Block, kernel_names: set) -> None:
-    funcs = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
-             for op in top.operations if op.operation.name == "func.func"}
-    calls = []
-    for fn in funcs.values():
-        if "ca.kernel" in fn.attributes:
-            continue
-        fn.walk(lambda o: (calls.append(o.operation) if o.operation.name == "func.call" else None)
-                or ir.WalkResult.ADVANCE)
+def _cast_call_sites(module: ir.Operation, kernel_names: set) -> None:
+    by_name = {func_name(fn): fn for fn in funcs(module)}
+    calls = [c for fn in funcs(module, lambda fn: not is_kernel(fn)) for c in ops_named(fn, "func.call")]
     for call in calls:
         callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
         if callee not in kernel_names:
             continue
-        ftype = _function_type(funcs[callee])
+        ftype = function_type(by_name[callee])
         with ir.InsertionPoint(call), call.location:
             for i, (value, want) in enumerate(zip(list(call.operands), ftype.inputs)):
                 if value.type != want:

@@ -5,7 +5,9 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
-from .base import CAPass, PassFailure, is_inside, next_op
+from camlir.dialects.ca.ir_helpers import find_func, func_name, funcs, is_inside, live_values, next_op, torch_op_name
+
+from .base import CAPass, PassFailure
 
 # Ops the host keeps and clones into each kernel that reads them: they make scalars and
 # lists, which kernels cannot return and which cost nothing to recompute.
@@ -15,8 +17,11 @@ _CLONEABLE = ("torch.prim.ListConstruct",)
 # size is a scalar handed to kernels as an argument.
 _TRANSPARENT = ("ca.accumulate_grad", "ca.size")
 # Host ops that are barriers: anything that runs Python (a hook, a call-back) may observe
-# or change state, so compute is not moved across them.
-_BARRIERS = ("ca.hook", "ca.call_python")
+# or change state, so compute is not moved across them; a call is a kernel outlined before.
+_BARRIERS = ("ca.hook", "ca.call_python", "func.call")
+# The attribute that keeps an op on the host, run through torch (ca-lower-to-linalg sets it
+# on ops it could not convert).
+HOST_ATTR = "ca.host"
 
 
 # Ops that lower, but whose linalg form becomes plain loops far slower than PyTorch's own
@@ -44,13 +49,6 @@ def is_cloneable(op: ir.Operation) -> bool:
     return op.name.startswith(_CLONEABLE_PREFIXES) or op.name in _CLONEABLE
 
 
-def torch_op_name(op: ir.Operation) -> str:
-    """`aten.mm` for `torch.aten.mm`; for `torch.operator "torch.aten.x"` the operator name."""
-    if op.name == "torch.operator":
-        return ir.StringAttr(op.attributes["name"]).value.removeprefix("torch.")
-    return op.name.removeprefix("torch.")
-
-
 @dataclasses.dataclass(frozen=True)
 class OutlineKernels(CAPass):
     """Moves every maximal run of compute into its own `func.func` kernel.
@@ -60,7 +58,8 @@ class OutlineKernels(CAPass):
     lowering, see `docs/op-coverage.md`). Kernels are plain torch-dialect functions with
     the `ca.kernel` attribute, which the lowering takes to linalg and the backends compile.
 
-    Runs are cut only at barriers: `ca.hook`, `ca.call_python` and extern ops. Accumulation
+    Runs are cut only at barriers: `ca.hook`, `ca.call_python`, calls of kernels outlined
+    before, ops marked `ca.host`, and extern ops. Accumulation
     does not cut a run: it moves after the kernel that computes its gradient (no compute
     reads `.grad`, and it never moves past a hook, which might). Constants and list
     constructions stay on the host and are cloned into every kernel that reads them.
@@ -102,57 +101,53 @@ class OutlineKernels(CAPass):
     extern_ops: str = ""  # more aten ops to keep on the host, comma-separated ("aten.foo,aten.bar")
 
     def run(self, module: ir.Operation) -> None:
-        host = _find_func(module, self.function)
+        host = find_func(module, self.function)
         if host is None:
             raise PassFailure(f"no function @{self.function} to outline", module)
-        block = host.regions[0].blocks[0]
         extern = default_extern_ops() | {name for name in self.extern_ops.split(",") if name}
-        segment, n_kernels = [], 0
-        for op in list(block.operations):
-            op = op.operation
-            if op.name == "ca.node":
-                raise PassFailure("ca-outline-kernels needs flat code: run ca-flatten-nodes first", op)
-            if op.name == "func.return" or op.name in _TRANSPARENT:
-                continue
-            if is_cloneable(op) and not _reads_tensors(op):
-                continue  # a list of tensors is compute: it goes where its tensors are
-            if op.name in _BARRIERS or torch_op_name(op) in extern:
-                n_kernels += _outline(module, host, segment, n_kernels)
-                segment = []
-                continue
-            segment.append(op)
-        n_kernels += _outline(module, host, segment, n_kernels)
-        _erase_dead_cloneables(block)
+        outline_runs(module, host, extern)
 
 
-def _find_func(module: ir.Operation, name: str):
-    for op in module.regions[0].blocks[0].operations:
+def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -> list:
+    """Outlines every run of compute in `host` between barriers into a new kernel, numbered
+    after the kernels the module already has; returns the new kernels. Calls of existing
+    kernels are barriers, so a host that was outlined before only has its new compute
+    outlined (ca-lower-to-linalg uses this after moving an op to the host)."""
+    block = host.regions[0].blocks[0]
+    prefix = f"{func_name(host)}_kernel_"
+    taken = [func_name(fn)[len(prefix):] for fn in funcs(module) if func_name(fn).startswith(prefix)]
+    number = 1 + max((int(t) for t in taken if t.isdigit()), default=-1)
+    segment, kernels = [], []
+    for op in list(block.operations):
         op = op.operation
-        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op
-    return None
+        if op.name == "ca.node":
+            raise PassFailure("ca-outline-kernels needs flat code: run ca-flatten-nodes first", op)
+        if op.name == "func.return" or op.name in _TRANSPARENT:
+            continue
+        if is_cloneable(op) and not _reads_tensors(op):
+            continue  # a list of tensors is compute: it goes where its tensors are
+        if op.name in _BARRIERS or HOST_ATTR in op.attributes or torch_op_name(op) in extern:
+            kernels += _outline(module, host, segment, number + len(kernels))
+            segment = []
+            continue
+        segment.append(op)
+    kernels += _outline(module, host, segment, number + len(kernels))
+    _erase_dead_cloneables(block)
+    return kernels
 
 
-def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -> int:
-    """Moves `ops` (in block order) into a new kernel; returns 1 if one was made."""
+def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -> list:
+    """Moves `ops` (in block order) into a new kernel; returns [kernel], or [] when the
+    run was dead and erased."""
     if not ops:
-        return 0
+        return []
     members = set(ops)
-    inputs, outputs = [], []
-    for op in ops:
-        for v in op.operands:
-            owner = v.owner
-            inside = isinstance(owner, ir.OpView) and owner.operation in members
-            if not inside and not _is_cloneable_value(v) and v not in inputs:
-                inputs.append(v)
-        for r in op.results:
-            if any(u.owner not in members for u in r.uses) and r not in outputs:
-                outputs.append(r)
+    inputs, outputs = live_values(ops, keep_outside=_is_cloneable_value)
     if not outputs:  # nothing reads it: pure compute is dead
         for op in reversed(ops):
             op.erase()
-        return 0
-    name = f"{ir.StringAttr(host.attributes['sym_name']).value}_kernel_{number}"
+        return []
+    name = f"{func_name(host)}_kernel_{number}"
     with host.context, host.location:
         fn_type = ir.FunctionType.get([v.type for v in inputs], [v.type for v in outputs])
         with ir.InsertionPoint(module.regions[0].blocks[0]):
@@ -185,7 +180,7 @@ def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -
             if is_inside(use.owner, kernel.operation):
                 use.owner.operands[use.operand_number] = arg
     _clone_cloneables_into(kernel.operation, body)
-    return 1
+    return [kernel.operation]
 
 
 def _is_cloneable_value(v: ir.Value) -> bool:

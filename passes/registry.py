@@ -2,15 +2,22 @@
 
 from typing import Optional
 
+from .approximate_math import ApproximateMath
+from .copies_to_linalg import CopiesToLinalg
 from .flatten_nodes import FlattenNodes
 from .fuse_elementwise import FuseElementwise
 from .inline_hooks import InlineHooks
+from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
+from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .outline_kernels import OutlineKernels
+from .specialize_layouts import SpecializeLayouts
 from .specialize_shapes import SpecializeShapes
 
-# In the order the compile pipeline runs them.
-PASSES = (InlineHooks, FlattenNodes, SpecializeShapes, OutlineKernels, LowerToLinalg, FuseElementwise)
+# In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
+PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
+          FuseElementwise, ApproximateMath, PrepareKernelABI, CopiesToLinalg, MatmulToBlas,
+          DefineBlasWrappers)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

@@ -5,6 +5,8 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
+from camlir.dialects.ca.ir_helpers import find_func
+
 from .base import CAPass, OptionError, PassFailure
 
 
@@ -87,7 +89,7 @@ class SpecializeShapes(CAPass):
     def run(self, module: ir.Operation) -> None:
         sizes = _parse_sizes(self.sizes)
         shapes = _parse_shapes(self.shapes)
-        fn = _find_func(module, self.function)
+        fn = find_func(module, self.function)
         if fn is None:
             raise PassFailure(f"no function @{self.function} to specialize", module)
         block = fn.regions[0].blocks[0]
@@ -148,14 +150,6 @@ class SpecializeShapes(CAPass):
 
 def _name(fn: ir.Operation) -> str:
     return ir.StringAttr(fn.attributes["sym_name"]).value
-
-
-def _find_func(module: ir.Operation, name: str):
-    for op in module.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "func.func" and _name(op) == name:
-            return op
-    return None
 
 
 def _drop_casts_for_ca_ops(fn: ir.Operation) -> None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) and installs camlir with its pinned dependencies and test tools.
-# Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
+# Re-running is cheap: the install is skipped while pyproject.toml and setup.py are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=".venv/.camlir-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing camlir and its pinned dependencies (torch==2.13.0, torch-mlir==20261001)"
   .venv/bin/python -m pip install --quiet --upgrade pip

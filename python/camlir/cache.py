@@ -2,8 +2,16 @@
 
 An artifact compiled for one captured backward is only right while what the compiler
 assumed still holds; this module owns those assumptions and the checks run on every call
-to find an artifact that still fits. (Today it holds the hook guard; the lookup of
-artifacts by these checks is still in `compiled.py`.)
+to find an artifact that still fits:
+
+- `Artifact`: one compiled program with what it assumes (backend, the re-trace's shape
+  guards, the hook guard); `Artifacts.find` is the lookup each backward call makes.
+- `SizeVariants`: a symbolic capture's cpu code, compiled once per observed size set
+  (static shapes are what let the loops vectorize and the descriptors be built once); each
+  variant carries the hook guard of its own trace (hooks are traced after specialization).
+- `HookGuard`: what inlined hook bodies assume about the hooks list.
+
+Everything here lives in memory, per process; `camlir.reset()` forgets it.
 
 Hook guard (`HookGuard`). When `camlir.capture.hook_trace.trace_hooks` inlines traced hook
 bodies, what the trace assumed is returned as a `HookGuard`: per inlined hook, which
@@ -25,7 +33,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HookGuard", "describe_hook"]
+__all__ = ["Artifact", "Artifacts", "HookGuard", "SizeVariants", "describe_hook"]
 
 
 def describe_hook(hook) -> str:
@@ -126,3 +134,105 @@ class HookGuard:
 
     def __repr__(self) -> str:
         return f"HookGuard(inlined={self.inlined}, refused={self.refused})"
+
+
+# --------------------------------------------------------------------------- artifacts
+
+@dataclass
+class Artifact:
+    """One compiled program for a captured backward, and what it assumes.
+
+    `retraced` holds the re-trace's shape guards (symbolic captures), `hook_guard` what the
+    inlined hook bodies assume (None: nothing inlined, or the program checks per variant).
+    """
+
+    retraced: Any
+    module: Any
+    program: Any
+    backend: str
+    hook_guard: Any = None
+
+
+class Artifacts:
+    """The artifacts of one captured graph, tried in the order they were compiled."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def add(self, artifact: Artifact) -> None:
+        self.items.append(artifact)
+
+    def find(self, backend: str, inputs, sizes, hooks, on_miss=None):
+        """The first artifact for `backend` whose guards hold for this call, or None.
+        `on_miss(reason)` hears why an artifact whose shapes fit was passed over."""
+        for artifact in self.items:
+            if artifact.backend != backend or not artifact.retraced.guards_hold(inputs, sizes):
+                continue
+            guard = artifact.hook_guard
+            if guard is None or guard.holds(hooks):
+                return artifact
+            if on_miss is not None:
+                on_miss(guard.reason(hooks))
+        return None
+
+
+@dataclass
+class _Variant:
+    program: Any
+    guard: Any  # HookGuard of this variant's hook trace, or None
+
+
+class SizeVariants:
+    """A symbolic capture's cpu code: one variant per observed size set.
+
+    `compile_variant(sizes, shapes, args, hooks) -> (program, hook_guard)` compiles one
+    (`camlir.pipeline.make_cpu` with the sizes); `fallback()` builds the reference
+    interpreter for a size set whose compile failed. `on_compile(reason)` is told each
+    compile and why, so the caller can count and log it. The key is the lifted sizes plus
+    the shapes of the arguments with dynamic dims; a variant whose hook guard fails is
+    compiled again for the new hooks.
+    """
+
+    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, fallback, on_compile=None):
+        self.n_inputs = n_inputs
+        self.dynamic_args = dynamic_args
+        self.compile_variant = compile_variant
+        self.fallback = fallback
+        self.on_compile = on_compile or (lambda reason: None)
+        self.variants: dict = {}
+        self.kernels: dict = {}
+        self.compile_seconds = 0.0
+        self.lowered_text = ""
+
+    def _key(self, args) -> tuple:
+        sizes = tuple(int(s) for s in args[self.n_inputs:])
+        shapes = tuple(tuple(args[i].shape) for i in self.dynamic_args)
+        return sizes, shapes
+
+    def __call__(self, args, hooks, callbacks=()):
+        args = list(args)
+        key = self._key(args)
+        variant = self.variants.get(key)
+        if variant is None:
+            variant = self._compile(key, args, hooks, f"new sizes {list(key[0])}")
+        elif variant.guard is not None and not variant.guard.holds(hooks):
+            variant = self._compile(key, args, hooks, variant.guard.reason(hooks))
+        return variant.program(args, hooks, callbacks)
+
+    def _compile(self, key, args, hooks, reason: str) -> _Variant:
+        sizes, shapes = key
+        self.on_compile(reason)
+        try:
+            program, guard = self.compile_variant(list(sizes), dict(zip(self.dynamic_args, shapes)), args, hooks)
+            self.compile_seconds += getattr(program, "compile_seconds", 0.0)
+            self.kernels.update(getattr(program, "kernels", {}))
+            self.lowered_text = getattr(program, "lowered_text", self.lowered_text)
+        except Exception as exc:  # noqa: BLE001 - same remedy for every failure: interpret
+            from camlir import logs
+
+            logs.log.warning("camlir: native code for sizes %s failed (%s); the reference "
+                             "interpreter runs them", list(sizes), str(exc).splitlines()[0])
+            program, guard = self.fallback(), None
+        variant = _Variant(program, guard)
+        self.variants[key] = variant
+        return variant

@@ -1,10 +1,13 @@
 """What camlir hands back to the autograd engine for one captured backward graph.
 
 The engine calls it with each backward's `(inputs, sizes, scalars, hooks, packed_data)`.
-On the first call (only then are real inputs known) the graph is re-traced, imported into
-the `ca` dialect and compiled for the backend in force; later calls reuse that artifact
-while its shape guards hold. The backend and `fullgraph` are read at call time, so one
+On the first call (only then are real inputs known) the graph goes through the stages of
+`camlir.pipeline` for the backend in force; later calls reuse that artifact while its
+guards hold (`camlir.cache`). The backend and `fullgraph` are read at call time, so one
 captured graph serves `enable(backend=...)` scopes with different settings.
+
+Counters tell the truth: `compiles` counts every program built (each size set of a
+symbolic capture included), and a call is a `cache_hit` only when nothing was compiled.
 
 When camlir cannot handle a graph, `fullgraph=True` raises `UnsupportedError` naming the
 node or op; otherwise PyTorch runs the captured graph itself (logged, counted in
@@ -16,16 +19,13 @@ import time
 
 import torch
 
-from . import logs
-from .backends.cpu.program import CpuProgram, SpecializingProgram
-from .backends.eager import EagerProgram, InterpreterError
-from .settings import active_settings
-from .capture.hook_trace import trace_hooks
-from .capture.retrace import RetraceError, plain_sizes, retrace
-from .capture.to_ca import import_graph
-from .context import make_context
-from .stats import counters
+from . import logs, pipeline
+from .backends.eager import InterpreterError
+from .cache import Artifact, Artifacts, SizeVariants
+from .capture.retrace import RetraceError, plain_sizes
 from .errors import UnsupportedError
+from .settings import active_settings
+from .stats import counters
 
 _seen_graphs = set()
 _capture_count = [0]
@@ -46,26 +46,19 @@ def captured_graphs() -> list:
 def compiled_programs() -> list:
     """(capture id, backend, program) for every artifact compiled since the last reset.
     A cpu program has `kernels` (name -> compiled kernel), `lowered_text` (the module after
-    the lowering passes) and `compile_seconds`."""
+    the linalg stage) and `compile_seconds`."""
     return [(capture_id, artifact.backend, artifact.program) for capture_id, artifact in _compiled]
 
 
-class Artifact:
-    """One compiled variant: the `ca` module, its program, and the guards it assumes."""
-
-    def __init__(self, retraced, module, program, backend, hook_guard=None):
-        self.retraced = retraced
-        self.module = module
-        self.program = program
-        self.backend = backend
-        self.hook_guard = hook_guard  # what inlined hook bodies assume (None: nothing inlined)
-
-
 class CompiledBackward:
+    """The compiled form of one captured graph: the autograd engine calls it on every
+    backward with that graph's structure, and it runs the artifact whose guards hold
+    (compiling one first when none does)."""
+
     def __init__(self, gm, reasons):
         self.gm = gm
         self.reasons = reasons
-        self.artifacts = []
+        self.artifacts = Artifacts()
         self.fallback_reason = None
         counters["captures"] += 1
         _capture_count[0] += 1
@@ -82,8 +75,9 @@ class CompiledBackward:
             if settings.fullgraph:
                 raise UnsupportedError(self.fallback_reason)
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        compiles_before = counters["compiles"]
         sizes_ = plain_sizes(sizes)
-        artifact = self._find(settings.backend, inputs, sizes_, hooks)
+        artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
         if artifact is None:
             try:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
@@ -94,64 +88,28 @@ class CompiledBackward:
                 counters["fallbacks"] += 1
                 logs.log.warning("camlir: falling back to PyTorch for this backward: %s", exc)
                 return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
-        else:
-            counters["cache_hits"] += 1
         args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
         with torch.no_grad():
-            return list(artifact.program(args, hooks))
+            results = list(artifact.program(args, hooks))
+        if counters["compiles"] == compiles_before:
+            counters["cache_hits"] += 1
+        return results
 
-    def _eager_program(self, module):
-        try:
-            return EagerProgram(module)
-        except InterpreterError as exc:
-            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
-
-    def _cpu_program(self, module, retraced, inputs):
-        """Native code when the cpu backend can compile the graph; otherwise the reference
-        interpreter, which is slower but exact (logged and counted in `interpreted`)."""
-        if retraced.symbolic:
-            return SpecializingProgram(module, len(inputs), f"graph {self.capture_id}",
-                                       lambda: self._eager_program(module))
-        else:
-            try:
-                program = CpuProgram(module, list(inputs))
-                logs.log.debug("graph %d: %d kernels compiled in %.3f s", self.capture_id,
-                               len(program.kernels), program.compile_seconds)
-                return program
-            except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
-                reason = _headline(exc)
-                if logs.enabled("verbose"):
-                    logs.log.info("cpu compile failure of graph %d in full:\n%s", self.capture_id, exc)
-        counters["interpreted"] += 1
-        logs.log.warning("camlir: the cpu backend cannot compile graph %d (%s); it runs on the "
-                         "reference interpreter", self.capture_id, reason)
-        return self._eager_program(module)
-
-    def _find(self, backend, inputs, sizes, hooks):
-        for artifact in self.artifacts:
-            if artifact.backend != backend or not artifact.retraced.guards_hold(inputs, sizes):
-                continue
-            guard = artifact.hook_guard
-            if guard is None or guard.holds(hooks):
-                return artifact
-            if logs.enabled("recompiles"):
-                logs.log.info("capture %d recompiles: %s", self.capture_id, guard.reason(hooks))
-        return None
+    def _log_miss(self, reason: str) -> None:
+        if logs.enabled("recompiles"):
+            logs.log.info("capture %d recompiles: %s", self.capture_id, reason)
 
     def _compile(self, settings, inputs, sizes, scalars, hooks, packed_data) -> Artifact:
         start = time.perf_counter()
+        dump = pipeline.Dump.for_graph(self.capture_id)
         try:
-            retraced = retrace(self.gm, inputs, sizes, scalars, hooks, packed_data)
+            retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump)
         except RetraceError as exc:
             raise UnsupportedError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"
             raise UnsupportedError(f"re-tracing the backward failed: {type(exc).__name__}: {exc}") from exc
-        if logs.enabled("verbose"):
-            logs.log.info("graph %d, stage 'retrace' (aten ops, %s sizes):\n%s", self.capture_id,
-                          "symbolic" if retraced.symbolic else "static", retraced.graph.code)
-        context = make_context()
         try:
-            module = import_graph(retraced.graph.graph, context)
+            module = pipeline.make_ca(retraced, dump)
         except Exception as exc:  # noqa: BLE001
             raise UnsupportedError(f"importing the backward into the ca dialect failed: {exc}") from exc
         text = str(module)
@@ -161,33 +119,62 @@ class CompiledBackward:
         if logs.enabled("verbose"):
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
         hook_guard = None
-        if settings.backend == "cpu":
-            # Hooks that are safe to trace get bodies that ca-inline-hooks inlines; the
-            # reference backend keeps calling every hook, as the eager engine does.
-            hook_guard = trace_hooks(module, hooks, device="cpu")
-            program = self._cpu_program(module, retraced, inputs)
+        if settings.backend == "cpu" and retraced.symbolic:
+            program = self._size_variants(module, inputs, sizes)  # counts its own compiles
+        elif settings.backend == "cpu":
+            program, hook_guard = self._cpu_program(module, list(inputs), hooks, dump)
+            counters["compiles"] += 1
         else:
             program = self._eager_program(module)
-        counters["compiles"] += 1
+            counters["compiles"] += 1
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
             counters["unique_graphs"] += 1
         artifact = Artifact(retraced, module, program, settings.backend, hook_guard)
-        self.artifacts.append(artifact)
+        self.artifacts.add(artifact)
         _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
         return artifact
 
+    def _eager_program(self, module):
+        try:
+            return pipeline.make_eager(module)
+        except InterpreterError as exc:
+            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
 
-def _headline(exc: BaseException) -> str:
-    """The line of an exception that says what went wrong: MLIR's pipeline errors put the
-    diagnostic (`error: ... 'op' ...`) after a generic first line."""
-    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-    for line in lines:
-        if "error:" in line:
-            return f"{type(exc).__name__}: {line}"
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    def _cpu_program(self, module, args, hooks, dump, sizes=None, shapes=None):
+        """Native code when the cpu backend can compile the graph; otherwise the reference
+        interpreter, which is slower but exact (logged and counted in `interpreted`).
+        Returns the program and the guard on the hooks it inlined."""
+        try:
+            return pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
+        except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
+            if logs.enabled("verbose"):
+                logs.log.info("cpu compile failure of %s in full:\n%s", dump.label, exc)
+            counters["interpreted"] += 1
+            logs.log.warning("camlir: the cpu backend cannot compile %s (%s: %s); it runs on the "
+                             "reference interpreter", dump.label, type(exc).__name__,
+                             (str(exc).strip().splitlines() or [""])[0])
+            return self._eager_program(module), None
+
+    def _size_variants(self, module, inputs, sizes) -> SizeVariants:
+        """A symbolic capture on the cpu: native code per observed size set, each variant
+        specialized, hook-traced and compiled by `pipeline.make_cpu`."""
+        n_inputs = len(inputs)
+        dynamic = sorted(pipeline.dynamic_shapes(module, list(inputs), n_inputs))
+
+        def compile_variant(sizes_, shapes, args, hooks):
+            variant = f"sizes {sizes_}"
+            return self._cpu_program(module, args, hooks, pipeline.Dump.for_graph(self.capture_id, variant),
+                                     sizes_, shapes)
+
+        def on_compile(reason):
+            counters["compiles"] += 1
+            if logs.enabled("recompiles"):
+                logs.log.info("graph %d: compiling native code: %s", self.capture_id, reason)
+
+        return SizeVariants(n_inputs, dynamic, compile_variant, lambda: self._eager_program(module), on_compile)
 
 
 def _describe(values) -> str:

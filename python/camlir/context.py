@@ -2,10 +2,16 @@
 
 Upstream MLIR dialects come registered with the wheel's context; the torch dialect and our
 `ca` dialect are added here. `ca-opt`, the passes and the driver all go through this.
+
+`torch_c` (torch-mlir's casts between torch and builtin tensors, which the host function
+holds after the linalg stage) has no Python registration hook in the wheel: it is loaded
+as a dependent dialect of a torch-mlir conversion, run once on an empty module (0.3 ms),
+so that every stage's dump parses again in `ca-opt`.
 """
 
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_dialect
+from torch_mlir.passmanager import PassManager
 
 from camlir.dialects.ca import load_into
 
@@ -14,4 +20,7 @@ def make_context() -> ir.Context:
     ctx = ir.Context()
     torch_dialect.register_dialect(ctx)
     load_into(ctx)
+    with ctx, ir.Location.unknown():
+        PassManager.parse("builtin.module(func.func(convert-torch-to-linalg))").run(
+            ir.Module.create().operation)
     return ctx

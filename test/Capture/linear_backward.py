@@ -2,18 +2,27 @@
 # RUN: %python %s | ca-opt | FileCheck %s
 # The captured backward of nn.Linear with a tensor hook on the input: one ca.node per
 # autograd node, the hook as ca.hook (traced by the cpu backend into the body @hook_0),
-# accumulation as ca.accumulate_grad. The printed module re-parses and verifies with ca-opt.
+# accumulation as ca.accumulate_grad. Printed as the trace-hooks stage wrote it to
+# CA_DUMP_DIR; the file re-parses and verifies with ca-opt.
+
+import os
+import pathlib
+import tempfile
 
 import torch
 
-import camlir
+with tempfile.TemporaryDirectory() as dump_dir:
+    os.environ["CA_DUMP_DIR"] = dump_dir
+    import camlir
 
-torch.manual_seed(0)
-model = torch.nn.Linear(10, 10)
-x = torch.randn(4, 10, requires_grad=True)
-x.register_hook(lambda g: g * 10)
-camlir.compile_backward(model(x).sum())
-print(camlir.captured_graphs()[-1][1])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 10)
+    x = torch.randn(4, 10, requires_grad=True)
+    x.register_hook(lambda g: g * 10)
+    camlir.compile_backward(model(x).sum())
+    [dumped] = pathlib.Path(dump_dir, "graph1").glob("*-trace-hooks.mlir")
+    print(dumped.read_text())
+
 
 # CHECK-LABEL: func.func @backward
 # CHECK-SAME: (%[[ROOT:.*]]: !torch.vtensor<[],f32>, %{{.*}}: !torch.vtensor<[4,10],f32>

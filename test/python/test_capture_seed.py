@@ -131,7 +131,7 @@ def test_changing_sizes_capture_twice_and_reuse_symbolic_graph():
     torch.manual_seed(0)
     model = torch.nn.Linear(10, 10)
     with camlir_logs("recompiles") as messages:
-        for batch in (10, 100, 10, 37):
+        for batch in (10, 100, 10, 37, 100):
             x = torch.randn(batch, 10)
             model.zero_grad(set_to_none=True)
             model(x).sum().backward()
@@ -142,4 +142,8 @@ def test_changing_sizes_capture_twice_and_reuse_symbolic_graph():
             assert_grads_equal([expected], [grads_of(model.parameters())])
     assert camlir.counters["captures"] == 2
     assert any("Cache miss due to" in m and "changed" in m and "shape" in m for m in messages), messages
-    assert camlir.counters["cache_hits"] == 2  # 10 and 37 reuse the symbolic graph
+    # Counters are honest: the symbolic graph is reused, but each new size set (100, 10,
+    # 37) is a native compile, and only the second 100 compiled nothing.
+    assert camlir.counters["compiles"] == 4
+    assert camlir.counters["cache_hits"] == 1
+    assert sum("compiling native code: new sizes" in m for m in messages) == 3, messages

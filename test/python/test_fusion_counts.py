@@ -53,8 +53,12 @@ def test_mlp_gelu_backward_fuses():
     assert text.count("linalg.matmul") == 5  # 3 layers: 1 + 2 + 2 matmuls, all kept
 
 
-def test_hook_carrying_backward_fuses_hook_math():
-    text = _captured(_mlp(), torch.randn(16, 32), hook=lambda g: g * 0.5)
+def test_hook_carrying_backward_fuses_hook_math(tmp_path, monkeypatch):
+    # The module as the trace-hooks stage left it, from the stage dumps (CA_DUMP_DIR).
+    monkeypatch.setenv("CA_DUMP_DIR", str(tmp_path))
+    _captured(_mlp(), torch.randn(16, 32), hook=lambda g: g * 0.5)
+    [dumped] = (tmp_path / "graph1").glob("*-trace-hooks.mlir")
+    text = dumped.read_text()
     assert "ca.hook" in text and "@hook_" in text  # the hooks were traced for inlining
     before, after, lowered = _counts(text)
     assert after < before, (before, after)

@@ -74,7 +74,7 @@ class EagerProgram:
         fn = next(op.operation for op in module.body.operations
                   if op.operation.name == "func.func"
                   and ir.StringAttr(op.operation.attributes["sym_name"]).value == func_name)
-        self.program = _compile_block(fn.regions[0].blocks[0], terminator="func.return")
+        self.program = compile_block(fn.regions[0].blocks[0], terminator="func.return")
 
     def __call__(self, args, hooks, callbacks=()):
         return self.program.run(list(args), Runtime(hooks, callbacks))
@@ -83,7 +83,7 @@ class EagerProgram:
 ALIAS = object()  # what `extra` returns for an op whose result is its operand (a cast)
 
 
-def _compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
+def compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
     """`extra(op)` may return a handler for ops this interpreter does not know (the cpu
     backend's kernel calls), `ALIAS` for a value-preserving cast, which costs no step,
     or None for "not mine"."""
@@ -115,7 +115,7 @@ def _handler(op: ir.Operation, extra=None):
     name = op.name
     attrs = op.attributes
     if name == "ca.node":
-        body = _compile_block(op.regions[0].blocks[0], terminator="ca.yield", extra=extra)
+        body = compile_block(op.regions[0].blocks[0], terminator="ca.yield", extra=extra)
         return lambda ins, rt: body.run(ins, rt)
     if name == "ca.hook":
         return _hook_handler(op)

@@ -19,7 +19,7 @@ from torch_mlir import ir
 from torch_mlir.extras.fx_importer import FxImporter
 
 from camlir.dialects.ca import build, verify_or_raise
-from camlir.passes.base import is_inside
+from camlir.dialects.ca.ir_helpers import is_inside
 
 from .leaves import LEAF_OPS
 
@@ -48,10 +48,6 @@ def import_graph(graph: fx.Graph, context: ir.Context, func_name: str = "backwar
     except Exception as exc:
         raise ImportError_(_describe_import_failure(exc)) from exc
     module = importer.module
-    from camlir import logs
-
-    if logs.enabled("verbose"):
-        logs.log.info("stage 'import' (torch dialect, before ca structuring):\n%s", module)
     to_ca(module, func_name)
     try:
         module.operation.verify()

@@ -19,13 +19,20 @@ Steps:
 
 Ops in `EXTERN_OPS` have no lowering and no exact decomposition: they must stay outside the
 kernels and run through torch at run time, so a kernel containing one is refused.
+
+A failure says which input ops did not convert as data, not as text: every op is given a
+location `"ca.lower.<n>"` (n: its position in a pre-order walk of the input, the original
+location kept inside), which torch-mlir's conversions carry to the ops they create and to
+their diagnostics. `LoweringError.sources` lists those positions, so a caller can move the
+very ops that failed out of its kernels (ca-lower-to-linalg does).
 """
 
-import re
 from typing import Optional
 
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
+
+from camlir.dialects.ca.ir_helpers import aten_name, ops_matching
 
 from .dynamic_dims import pin_results, refine_transpose_inputs
 from .tm_tensor import lower_tm_tensor
@@ -51,42 +58,61 @@ _LINALG_BACKEND = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pip
 # lower-affine: index arithmetic for dynamic dims comes as affine.apply; arith is enough.
 _CLEANUP = "builtin.module(func.func(canonicalize, lower-affine, cse))"
 
-_ATEN_IN_TEXT = re.compile(r"torch\.(aten\.[A-Za-z0-9_.]+|prims\.[A-Za-z0-9_.]+)")
+_STAMP = "ca.lower."
 
 
 class LoweringError(RuntimeError):
-    """Lowering failed; `ops` names what did not convert (aten ops as "aten.foo", other
-    ops left over such as "tm_tensor.scan" by their full name), `stage` the failing step."""
+    """Lowering failed in `stage`. `ops` names what did not convert (aten ops as
+    "aten.foo", other ops left over such as "tm_tensor.scan" by their full name);
+    `sources` the positions (pre-order walk of the input module) of the input ops they
+    come from, where the locations tell."""
 
-    def __init__(self, stage: str, ops, detail: str):
+    def __init__(self, stage: str, ops, detail: str, sources=()):
         self.stage = stage
         self.ops = sorted(set(ops))
+        self.sources = sorted(set(sources))
         named = ", ".join(self.ops) if self.ops else "no op identified"
         super().__init__(f"lowering to linalg failed in {stage}: not converted: {named}\n{detail}")
 
 
-def aten_name(op: ir.Operation) -> Optional[str]:
-    """`aten.mm` for `torch.aten.mm` and for `torch.operator "torch.aten.mm"` (how the
-    importer writes ops the torch dialect does not define); None for other ops."""
-    name = op.name
-    if name == "torch.operator":
-        name = ir.StringAttr(op.attributes["name"]).value
-    if name.startswith(("torch.aten.", "torch.prims.")):
-        return name.removeprefix("torch.")
-    return None
+class _Stamps:
+    """Locations `"ca.lower.<n>"` on every op of a module, and the way back from a location."""
+
+    def __init__(self, module: ir.Module):
+        self.names = []
+        with module.context:
+            for n, op in enumerate(ops_matching(module, lambda op: True)):
+                self.names.append(aten_name(op) or op.name)
+                op.location = ir.Location.name(f"{_STAMP}{n}", childLoc=op.location)
+
+    def sources(self, location) -> list:
+        """The stamped positions a location (possibly fused or nested) refers to."""
+        text = str(location)
+        found, start = [], text.find('"' + _STAMP)
+        while start >= 0:
+            end = text.find('"', start + 1)
+            digits = text[start + 1 + len(_STAMP):end]
+            if digits.isdigit():
+                found.append(int(digits))
+            start = text.find('"' + _STAMP, end + 1)
+        return found
+
+    def of_ops(self, ops) -> list:
+        return [n for op in ops for n in self.sources(op.location)]
+
+    def of_error(self, exc: ir.MLIRError) -> list:
+        found = []
+        pending = list(exc.error_diagnostics)
+        while pending:
+            diag = pending.pop()
+            found += self.sources(diag.location)
+            pending += list(diag.notes)
+        return found
 
 
 def _aten_ops(module: ir.Module, unregistered_only: bool = False) -> list:
-    found = []
-
-    def visit(op):
-        name = aten_name(op.operation)
-        if name is not None and (not unregistered_only or op.operation.name == "torch.operator"):
-            found.append(name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return [op for op in ops_matching(module, lambda op: aten_name(op) is not None)
+            if not unregistered_only or op.name == "torch.operator"]
 
 
 def _run(module: ir.Module, pipeline: str) -> None:
@@ -96,49 +122,47 @@ def _run(module: ir.Module, pipeline: str) -> None:
 
 def lower_to_linalg(module: ir.Module) -> None:
     """Lowers every function of `module` from the torch dialect to linalg on tensors, in
-    place. Raises `LoweringError` naming the aten ops left unconverted; the module is then
-    partly lowered and should be dropped."""
-    externs = sorted(n for n in set(_aten_ops(module)) if n in EXTERN_OPS)
+    place. Raises `LoweringError` naming the aten ops left unconverted and their positions
+    in the input; the module is then partly lowered and should be dropped."""
+    stamps = _Stamps(module)
+    externs = [op for op in _aten_ops(module) if aten_name(op) in EXTERN_OPS]
     if externs:
-        raise LoweringError("input check", externs, "these ops are extern: call them through torch")
+        raise LoweringError("input check", [aten_name(op) for op in externs],
+                            "these ops are extern: call them through torch", stamps.of_ops(externs))
     refine_transpose_inputs(module)
     pin_results(module)
     try:
         _run(module, _TORCH_BACKEND)
     except ir.MLIRError as exc:
         # Ops the torch dialect does not know (imported as torch.operator) are the usual
-        # culprits; otherwise the diagnostics name the op. Other ops still present are not
-        # evidence: this pipeline stops at the first failure.
-        unknown = _aten_ops(module, unregistered_only=True)
+        # culprits; otherwise the diagnostics' locations point at the op. Other ops still
+        # present are not evidence: this pipeline stops at the first failure.
+        sources = stamps.of_ops(_aten_ops(module, unregistered_only=True)) + stamps.of_error(exc)
         raise LoweringError("torch-function-to-torch-backend-pipeline",
-                            unknown + [m.group(1) for m in _ATEN_IN_TEXT.finditer(str(exc))],
-                            _short(exc)) from None
+                            [stamps.names[n] for n in sources], _short(exc), sources) from None
     try:
         _run(module, _LINALG_BACKEND)
     except ir.MLIRError as exc:
         # The conversion is partial: every aten op still present failed to convert. The
         # diagnostic itself often names an innocent constant (`torch.constant.bool`) that
         # only survives because its user did not convert.
+        left = _aten_ops(module)
         raise LoweringError("torch-backend-to-linalg-on-tensors-backend-pipeline",
-                            _aten_ops(module), _short(exc)) from None
+                            [aten_name(op) for op in left], _short(exc), stamps.of_ops(left)) from None
     lower_tm_tensor(module)
     _run(module, _CLEANUP)
-    _check_contract(module)
+    _check_contract(module, stamps)
 
 
-def _check_contract(module: ir.Module) -> None:
-    bad = set()
+def _check_contract(module: ir.Module, stamps: _Stamps) -> None:
+    def outside(op):
+        return (op.name.split(".", 1)[0] not in ALLOWED_DIALECTS and op.name not in ALLOWED_OPS)
 
-    def visit(op):
-        dialect = op.operation.name.split(".", 1)[0]
-        if dialect not in ALLOWED_DIALECTS and op.operation.name not in ALLOWED_OPS:
-            bad.add(op.operation.name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    bad = ops_matching(module, outside)
     if bad:
-        raise LoweringError("contract check", [n.removeprefix("torch.") for n in bad],
-                            f"ops outside {sorted(ALLOWED_DIALECTS)} remain: {sorted(bad)}")
+        names = sorted({op.name for op in bad})
+        raise LoweringError("contract check", [n.removeprefix("torch.") for n in names],
+                            f"ops outside {sorted(ALLOWED_DIALECTS)} remain: {names}", stamps.of_ops(bad))
 
 
 def _short(exc: BaseException, limit: int = 2000) -> str:

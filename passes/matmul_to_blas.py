@@ -1,4 +1,5 @@
-"""Matmul-class ops go to the BLAS PyTorch itself uses, called natively from JIT code.
+"""ca-matmul-to-blas and ca-define-blas-wrappers: matmuls become calls into the BLAS
+PyTorch itself uses, called natively from JIT code.
 
 Why: the MLIR loops the wheel can generate for a matmul are 60-110x slower than MKL, and a
 tiled, vectorized schedule was still 2-3.6x slower (../shared anchors). Eager PyTorch's
@@ -6,60 +7,128 @@ backward is mostly BLAS, so camlir can only win by calling the same BLAS, with t
 transpose flags and `beta`, and by doing better around it (fusion, no engine overhead).
 
 The BLAS is the MKL linked into `libtorch_cpu.so`, which exports the Fortran entry points
-`sgemm_`/`dgemm_` (not the CBLAS ones). Its address is handed to the ExecutionEngine, so a
-kernel calls it with no Python in between, and it follows `torch.set_num_threads`.
-
-The tensor-level half, `fold_transposes` (a transpose feeding a matmul becomes a transposed
-indexing map), is part of ca-fuse-elementwise. Here:
-- `matmuls_to_calls` (buffers, after bufferization): each `linalg.matmul` /
-  `linalg.batch_matmul` becomes a call to `@camlir_gemm_<t>` / `@camlir_bgemm_<t>`, written
-  below in MLIR. Transposed maps become `memref.transpose` views, and a zero `linalg.fill`
-  of the output right before the matmul becomes `beta = 0`. The wrapper reads the strides
-  at run time, picks the transpose flags and leading dimensions, and copies an operand to a
-  packed buffer only when neither of its dims is unit-stride. A `ca.alpha` attribute
-  (a folded scalar epilogue, see passes/fuse_elementwise.py) becomes the BLAS `alpha`.
+`sgemm_`/`dgemm_` (not the CBLAS ones); the cpu backend hands their addresses to the JIT
+(`camlir.backends.cpu.jit.blas_symbols`), so a kernel calls them with no Python in between, and
+they follow `torch.set_num_threads`. The tensor-level half (a transpose feeding a matmul
+becomes a transposed indexing map) is part of ca-fuse-elementwise.
 """
 
-import ctypes
-import os
+import dataclasses
 
-import torch
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func, memref
 
-from camlir.passes.fuse_elementwise import matmul_maps
+from camlir.dialects.ca.ir_helpers import func_name, funcs, ops_named
+
+from .base import CAPass
+from .fuse_elementwise import matmul_maps
 
 _ELEM = {"f32": ("s", 4), "f64": ("d", 8)}
 
 
-def blas_symbols() -> dict:
-    """Native addresses of the BLAS entry points, by symbol name."""
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ("sgemm_", "dgemm_")}
+@dataclasses.dataclass(frozen=True)
+class MatmulToBlas(CAPass):
+    """Replaces each f32/f64 `linalg.matmul` and `linalg.batch_matmul` on memrefs (after
+    bufferization) by a call to `@camlir_gemm_<t>` / `@camlir_bgemm_<t>`, declared private
+    in the module; `ca-define-blas-wrappers` gives the declarations their bodies (kept apart
+    so that the rewrite reads, and is tested, without two hundred lines of wrapper).
+
+    Transposed indexing maps become `memref.transpose` views; a zero `linalg.fill` of the
+    output right before the matmul becomes `beta = 0`; a `ca.alpha` attribute (a scalar
+    epilogue folded by ca-fuse-elementwise) becomes the BLAS `alpha`. The wrapper reads the
+    strides at run time, picks the transpose flags and leading dimensions, and copies an
+    operand to a packed buffer only when neither of its dims is unit-stride. Other dtypes
+    stay loops (correct, slow; rare in a backward).
+
+    Before:
+    ```mlir
+    linalg.fill ins(%zero : f32) outs(%c : memref<4x5xf32>)
+    linalg.matmul ins(%a, %b : memref<4x3xf32>, memref<3x5xf32>) outs(%c : memref<4x5xf32>)
+    ```
+    After:
+    ```mlir
+    %ca = memref.cast %a : memref<4x3xf32> to memref<?x?xf32, strided<[?, ?], offset: ?>>
+    ...
+    call @camlir_gemm_f32(%ca, %cb, %cc, %alpha, %beta) : (...) -> ()   // alpha 1.0, beta 0.0
+    func.func private @camlir_gemm_f32(memref<?x?xf32, strided<[?, ?], offset: ?>>, ...)
+    ```
+    """
+
+    argument = "ca-matmul-to-blas"
+    summary = "Replace memref matmuls by calls to BLAS wrappers (sgemm_/dgemm_)"
+
+    def run(self, module: ir.Operation) -> None:
+        needed = set()
+        for op in ops_named(module, "linalg.matmul", "linalg.batch_matmul"):
+            elem = str(ir.MemRefType(op.operands[2].type).element_type)
+            if elem not in _ELEM or any(str(ir.MemRefType(v.type).element_type) != elem for v in op.operands[:3]):
+                continue
+            batched = op.name == "linalg.batch_matmul"
+            if batched and "indexing_maps" in op.attributes:
+                continue
+            name = f"camlir_{'bgemm' if batched else 'gemm'}_{elem}"
+            _rewrite(op, name, batched)
+            needed.add((name, elem))
+        if needed:
+            _declare(module, needed)
 
 
-# ---------------------------------------------------------------------------------------
-# Buffer level: matmuls into calls.
+@dataclasses.dataclass(frozen=True)
+class DefineBlasWrappers(CAPass):
+    """Gives the `@camlir_gemm_<t>` / `@camlir_bgemm_<t>` declarations left by
+    `ca-matmul-to-blas` their bodies (MLIR on memrefs, `scf` and `llvm`), plus their helpers
+    and the declaration of the BLAS entry point (`sgemm_`/`dgemm_`). The wrappers are written
+    with `scf` loops, not linalg, so the loops stage's affine vectorizer (which refuses their
+    fully dynamic layouts) leaves them alone.
 
-def matmuls_to_calls(module: ir.Module) -> set:
-    """Replaces memref matmuls by BLAS wrapper calls; returns the wrappers to add with
-    `add_wrappers` (after loop lowering: the wrappers' own loops are not vectorized)."""
-    targets = []
-    module.operation.walk(lambda o: (targets.append(o.operation)
-                                     if o.operation.name in ("linalg.matmul", "linalg.batch_matmul") else None)
-                          or ir.WalkResult.ADVANCE)
-    needed = set()
-    for op in targets:
-        elem = str(ir.MemRefType(op.operands[2].type).element_type)
-        if elem not in _ELEM or any(str(ir.MemRefType(v.type).element_type) != elem for v in op.operands[:3]):
-            continue  # other dtypes stay loops (correct, slow; rare in a backward)
-        batched = op.name == "linalg.batch_matmul"
-        if batched and "indexing_maps" in op.attributes:
-            continue
-        name = f"camlir_{'bgemm' if batched else 'gemm'}_{elem}"
-        _rewrite(op, name, batched)
-        needed.add((name, elem, batched))
-    return needed
+    Before:
+    ```mlir
+    func.func private @camlir_gemm_f32(memref<?x?xf32, strided<[?, ?], offset: ?>>, ...)
+    ```
+    After:
+    ```mlir
+    func.func private @camlir_gemm_f32(%A: memref<?x?xf32, strided<[?, ?], offset: ?>>, ...) {
+      ...
+      func.call @sgemm_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc) : ...
+    ```
+    """
+
+    argument = "ca-define-blas-wrappers"
+    summary = "Define the BLAS wrapper functions that ca-matmul-to-blas declared"
+
+    def run(self, module: ir.Operation) -> None:
+        declared = {func_name(fn): fn for fn in funcs(module, lambda fn: len(fn.regions[0].blocks) == 0)
+                    if func_name(fn).startswith(("camlir_gemm_", "camlir_bgemm_"))}
+        elems = sorted({name.rsplit("_", 1)[1] for name in declared})
+        if not elems:
+            return
+        for fn in declared.values():
+            fn.erase()
+        text = ""
+        for elem in elems:
+            text += _GEMM.format(t=elem, p=_ELEM[elem][0])
+            if f"camlir_bgemm_{elem}" in declared:
+                text += _BGEMM.format(t=elem)
+        lib = ir.Module.parse(text, module.context)
+        body = module.regions[0].blocks[0]
+        for op in list(lib.body.operations):
+            body.append(op.operation)
+
+
+def _declare(module: ir.Operation, needed: set) -> None:
+    present = {func_name(fn) for fn in funcs(module)}
+    body = module.regions[0].blocks[0]
+    with module.context, ir.Location.unknown(), ir.InsertionPoint(body):
+        for name, elem in sorted(needed):
+            if name in present:
+                continue
+            elem_type = ir.F32Type.get() if elem == "f32" else ir.F64Type.get()
+            rank = 3 if name.startswith("camlir_bgemm_") else 2
+            dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+            mem = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, elem_type,
+                                    ir.StridedLayoutAttr.get(dyn, [dyn] * rank))
+            func.FuncOp(name, ir.FunctionType.get([mem, mem, mem, elem_type, elem_type], []),
+                        visibility="private")
 
 
 def _rewrite(op, name: str, batched: bool) -> None:
@@ -284,15 +353,3 @@ func.func private @camlir_bgemm_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?], off
   return
 }}
 """
-
-
-def add_wrappers(module: ir.Module, needed: set) -> None:
-    elems = {elem for _, elem, _ in needed}
-    text = ""
-    for elem in sorted(elems):
-        text += _GEMM.format(t=elem, p=_ELEM[elem][0])
-        if any(batched and e == elem for _, e, batched in needed):
-            text += _BGEMM.format(t=elem)
-    lib = ir.Module.parse(text, module.context)
-    for op in list(lib.body.operations):
-        module.body.append(op.operation)

@@ -1,4 +1,4 @@
-"""`math.exp` and `math.erf` on f32 as polynomials, so LLVM can vectorize the loops.
+"""ca-approximate-math: f32 `math.exp` and `math.erf` as polynomials LLVM can vectorize.
 
 Why: the LLVM dialect lowers both to scalar libm calls (`expf`, `erff`), which stop the
 loop vectorizer; GELU's backward (exp and erf per element) then ran 4-8x slower than
@@ -15,17 +15,48 @@ Accuracy (f32; measured against float64 references over [-10, 10] in the tests):
 f64 is left to libm: double precision users asked for double precision.
 """
 
+import dataclasses
+
 from torch_mlir import ir
 from torch_mlir.dialects import arith, math
 
+from camlir.dialects.ca.ir_helpers import ops_matching
 
-def approximate_math(module: ir.Module) -> int:
+from .base import CAPass
+
+
+@dataclasses.dataclass(frozen=True)
+class ApproximateMath(CAPass):
+    """Rewrites every f32 `math.exp` and `math.erf` into `arith`/`math.fma` polynomials
+    (exp: Cody-Waite reduction and a degree-6 polynomial, within 2 ulp; erf: a Taylor series
+    below 1 and Abramowitz & Stegun 7.1.26 beyond, within 3e-7). f64 is left alone. Runs on
+    linalg or loops, anywhere in the module.
+
+    Before:
+    ```mlir
+    %e = math.exp %x : f32
+    ```
+    After (abridged):
+    ```mlir
+    %c = arith.maximumf %x, %cst_lo : f32
+    %n = math.floor ... : f32
+    %p = math.fma %acc, %r, %cst : f32
+    ...
+    %e = arith.select %isnan, %x, %scaled : f32
+    ```
+    """
+
+    argument = "ca-approximate-math"
+    summary = "Replace f32 math.exp/math.erf by vectorizable polynomials"
+
+    def run(self, module: ir.Operation) -> None:
+        approximate_math(module)
+
+
+def approximate_math(module) -> int:
     """Rewrites every f32 `math.exp`/`math.erf` in `module`; returns how many."""
-    targets = []
-    module.operation.walk(lambda o: (targets.append(o.operation)
-                                     if o.operation.name in ("math.exp", "math.erf")
-                                     and str(o.operation.results[0].type) == "f32" else None)
-                          or ir.WalkResult.ADVANCE)
+    targets = ops_matching(module, lambda op: op.name in ("math.exp", "math.erf")
+                           and str(op.results[0].type) == "f32")
     for op in targets:
         with op.context, op.location, ir.InsertionPoint(op):
             x = op.operands[0]

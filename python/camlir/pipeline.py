@@ -1,0 +1,302 @@
+"""How a captured backward becomes code: every stage, in order.
+
+Shared by every backend (once per capture):
+
+    retrace      the captured graph run on fake tensors down to aten ops     make_aten
+    import       the aten graph as a `ca` module                             make_ca
+
+The reference backend ("eager") interprets that module as it is (`make_eager`). The cpu
+backend compiles it (`make_cpu`, once per variant: a static capture has one; a symbolic
+capture one per size set, see `cache.SizeVariants`):
+
+    specialize   sizes become constants (symbolic captures only)   ca-flatten-nodes, ca-specialize-shapes
+    trace-hooks  safe Python hooks traced into @hook_<id> bodies    capture/hook_trace.py
+    layouts      strided inputs passed as contiguous permutations  ca-specialize-layouts
+    kernels      hook bodies inlined, compute outlined into kernels ca-inline-hooks, ca-flatten-nodes,
+                                                                    ca-outline-kernels
+    linalg       kernels to linalg on tensors, fused               ca-lower-to-linalg, ca-fuse-elementwise
+    split        kernels into their own module; the host function stays (the runtime walks it)
+    math         f32 exp/erf as vectorizable polynomials           ca-approximate-math
+    bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
+    blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
+    loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
+    llvm         the LLVM dialect
+    jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
+
+Every stage is dumpable, the same way:
+- `CA_LOGS=verbose` logs the IR after each stage ("graph 3, after stage 'linalg':");
+- `CA_DUMP_DIR=dir` writes it to `dir/graph<id>[-<variant>]/<NN>-<stage>.mlir`; each file
+  starts with the `ca-opt` command that turns the previous file into it, so any stage can
+  be replayed (trace-hooks and split are not passes: their files are the new start);
+- `CA_LOGS=passes` prints the IR after every pass inside a stage, as
+  `ca-opt --mlir-print-ir-after-all` does (to stderr).
+"""
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch_mlir import ir
+
+from camlir import logs
+from camlir.backends.cpu import abi, jit
+from camlir.backends.cpu.layouts import input_permutations
+from camlir.backends.cpu.program import CpuProgram
+from camlir.backends.eager import EagerProgram
+from camlir.capture.hook_trace import trace_hooks
+from camlir.capture.retrace import Retraced, retrace
+from camlir.capture.to_ca import import_graph
+from camlir.context import make_context
+from camlir.dialects.ca import verify_or_raise
+from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, require_func
+from camlir.passes import build_pass_manager, parse_pipeline
+from camlir.passes.specialize_layouts import format_perms
+
+
+class StageError(RuntimeError):
+    """A stage failed; `stage` names it, the message says what failed in it."""
+
+    def __init__(self, stage: str, message: str):
+        self.stage = stage
+        super().__init__(f"stage '{stage}' failed: {message}")
+
+
+# --------------------------------------------------------------------------- dumping
+
+@dataclass
+class Dump:
+    """Where the stages of one compile go: the log and, with CA_DUMP_DIR, numbered files."""
+
+    label: str                       # "graph 3", "graph 3, sizes [10, 3]"
+    directory: Optional[str] = None  # None: no files
+    count: int = 0
+    previous: Optional[str] = None   # the last file written
+
+    @staticmethod
+    def for_graph(capture_id: int, variant: str = "") -> "Dump":
+        label = f"graph {capture_id}" + (f", {variant}" if variant else "")
+        root = os.environ.get("CA_DUMP_DIR")
+        directory = None
+        if root:
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", variant).strip("-")
+            directory = os.path.join(root, f"graph{capture_id}" + (f"-{slug}" if slug else ""))
+            os.makedirs(directory, exist_ok=True)
+        return Dump(label, directory)
+
+    def __call__(self, stage: str, ir_text, pipeline: Optional[str] = None) -> None:
+        if not (logs.enabled("verbose") or self.directory):
+            return
+        text = str(ir_text)
+        if logs.enabled("verbose"):
+            logs.log.info("%s, after stage '%s':\n%s", self.label, stage, text)
+        if self.directory:
+            path = os.path.join(self.directory, f"{self.count:02d}-{stage}.mlir")
+            if pipeline and self.previous:
+                how = f"ca-opt {os.path.basename(self.previous)} --pass-pipeline='{pipeline}'"
+            else:
+                how = "not a pass pipeline: a new starting point"
+            comment = "#" if stage == "retrace" else "//"
+            with open(path, "w") as f:
+                f.write(f"{comment} {self.label}, stage '{stage}'; made by: {how}\n{text}")
+            self.previous = path
+            self.count += 1
+
+
+def run_stage(stage: str, module: ir.Module, passes: list, dump: Dump) -> None:
+    """Runs one stage's passes (camlir's and upstream ones alike) and dumps the result."""
+    text = "builtin.module(" + ",".join(passes) + ")"
+    try:
+        pm = build_pass_manager(parse_pipeline(text), module.context)
+        if logs.enabled("passes"):
+            pm.enable_ir_printing(print_after_all=True)
+        pm.run(module.operation)
+        verify_or_raise(module.operation)
+    except (ir.MLIRError, ValueError) as exc:
+        raise StageError(stage, _diagnostics(exc)) from exc
+    dump(stage, module, text)
+
+
+def _diagnostics(exc: BaseException) -> str:
+    """The error diagnostics of a failed pass manager (what the pass said), else the text."""
+    messages = [d.message for d in getattr(exc, "error_diagnostics", ())]
+    return "; ".join(messages) if messages else str(exc).strip().splitlines()[0]
+
+
+# --------------------------------------------------------------------------- shared prefix
+
+def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump) -> Retraced:
+    """retrace: the captured graph on fake tensors, down to aten ops with node provenance."""
+    retraced = retrace(gm, inputs, sizes, scalars, hooks, packed_data)
+    dump("retrace", retraced.graph.code)
+    return retraced
+
+
+def make_ca(retraced: Retraced, dump: Dump) -> ir.Module:
+    """import: the aten graph as a `ca` module (autograd nodes, hooks, accumulation, sizes)."""
+    module = import_graph(retraced.graph.graph, make_context())
+    dump("import", module)
+    return module
+
+
+def make_eager(module: ir.Module) -> EagerProgram:
+    """The reference backend: the `ca` module interpreted op by op through PyTorch."""
+    return EagerProgram(module)
+
+
+# --------------------------------------------------------------------------- cpu backend
+
+def specialize(module: ir.Module, sizes: list, shapes: dict, dump: Dump) -> None:
+    shape_text = ",".join(f"{i}:{'x'.join(str(d) for d in shape)}" for i, shape in sorted(shapes.items()))
+    run_stage("specialize", module, [
+        "ca-flatten-nodes",
+        "ca-specialize-shapes{sizes=%s shapes=%s}" % (",".join(str(s) for s in sizes), shape_text),
+    ], dump)
+
+
+def layouts(module: ir.Module, args: list, dump: Dump) -> list:
+    """Returns, per argument, the permutation the runtime passes it with."""
+    host = require_func(module, "backward")
+    perms = input_permutations(list(function_type(host).inputs), args)
+    if any(perms):
+        run_stage("layouts", module, ["ca-specialize-layouts{perms=%s}" % format_perms(perms)], dump)
+    return perms
+
+
+def kernels(module: ir.Module, dump: Dump) -> None:
+    run_stage("kernels", module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-outline-kernels"], dump)
+
+
+def linalg(module: ir.Module, dump: Dump) -> None:
+    run_stage("linalg", module, ["ca-lower-to-linalg", "ca-fuse-elementwise"], dump)
+    if "ca.host_ops" in module.operation.attributes:
+        moved = sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(module.operation.attributes["ca.host_ops"])})
+        for name in moved:
+            logs.log.info("camlir: %s: %s cannot be lowered; kept on the host, run through torch", dump.label, name)
+
+
+def split(module: ir.Module, dump: Dump) -> tuple:
+    """The kernels move to a module of their own; returns it, the host function and each
+    kernel's (input specs, output specs)."""
+    kernel_module = ir.Module.create(ir.Location.unknown(module.context))
+    specs = {}
+    for fn in funcs(module, is_kernel):
+        ftype = function_type(fn)
+        specs[func_name(fn)] = ([abi.TensorSpec.from_type(t) for t in ftype.inputs],
+                                [abi.TensorSpec.from_type(t) for t in ftype.results])
+        fn.clone(ir.InsertionPoint(kernel_module.body))
+    dump("split", kernel_module)
+    return kernel_module, require_func(module, "backward"), specs
+
+
+def math(kernel_module: ir.Module, dump: Dump) -> None:
+    run_stage("math", kernel_module, ["ca-approximate-math"], dump)
+
+
+def bufferize(kernel_module: ir.Module, dump: Dump) -> None:
+    run_stage("bufferize", kernel_module, [
+        "ca-prepare-kernel-abi",
+        "canonicalize",  # drops transposes that the transpose fold left without users
+        "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}",
+        "canonicalize", "cse",
+        "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}",
+        "canonicalize",
+        "ca-copies-to-linalg",
+        "buffer-deallocation-pipeline", "canonicalize",
+    ], dump)
+
+
+def blas(kernel_module: ir.Module, dump: Dump) -> None:
+    run_stage("blas", kernel_module, ["ca-matmul-to-blas", "ca-copies-to-linalg", "ca-define-blas-wrappers"], dump)
+
+
+# Affine loops so the super-vectorizer can turn innermost unit-stride loops into 8-wide
+# vector code (AVX2); LLVM's own loop vectorizer left these loops scalar (GELU's backward
+# ran 3.6x slower than PyTorch's). The affine conversion refuses some strided buffers
+# ("non-trivial layout map"): such a module takes plain loops instead.
+_VECTOR_LOOPS = [
+    "convert-linalg-to-affine-loops",
+    "func.func(affine-super-vectorize{virtual-vector-size=8 vectorize-reductions=true})",
+    "lower-affine",
+    "func.func(convert-vector-to-scf)",
+]
+_SCALAR_LOOPS = ["func.func(convert-linalg-to-loops)"]
+_TO_LLVM = [
+    "func.func(convert-linalg-to-loops)",
+    "convert-scf-to-cf",
+    "expand-strided-metadata",
+    "lower-affine",
+    "convert-math-to-llvm",
+    "convert-math-to-libm",    # f64 erf and friends
+    "convert-vector-to-llvm",  # also lowers the vectorizer's transfer ops to loads/stores
+    "finalize-memref-to-llvm",
+    "convert-to-llvm",
+    "reconcile-unrealized-casts",
+]
+
+
+def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
+    """loops, then llvm: vectorized loops tried on a copy; scalar loops when either stage
+    refuses the vector code (strided layouts, vector ops the LLVM dialect cannot express
+    such as `powi` on vectors)."""
+    trial = ir.Module.parse(str(kernel_module), kernel_module.context)
+    start = dump.previous
+    try:
+        run_stage("loops", trial, _VECTOR_LOOPS, dump)
+        run_stage("llvm", trial, _TO_LLVM, dump)
+        return trial
+    except StageError as exc:
+        logs.log.info("camlir: %s: vectorized loops refused (%s); using scalar loops", dump.label, exc)
+    dump.previous = start  # the scalar loops start again from the blas stage's module
+    run_stage("loops", kernel_module, _SCALAR_LOOPS, dump)
+    run_stage("llvm", kernel_module, _TO_LLVM, dump)
+    return kernel_module
+
+
+def make_native(kernel_module: ir.Module, dump: Dump):
+    """math, bufferize, blas, loops, llvm, jit: a module of linalg-on-tensors kernels (changed
+    in place) to an ExecutionEngine with a `_mlir_ciface_<name>` entry per kernel."""
+    with kernel_module.context, ir.Location.unknown():
+        math(kernel_module, dump)
+        bufferize(kernel_module, dump)
+        blas(kernel_module, dump)
+        llvm_module = loops_and_llvm(kernel_module, dump)
+    try:
+        return jit.jit(llvm_module)
+    except Exception as exc:  # noqa: BLE001 - the engine raises plain RuntimeErrors
+        raise StageError("jit", str(exc)) from exc
+
+
+def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
+             shapes: Optional[dict] = None):
+    """Compiles one variant of a captured `ca` module for the cpu; returns the program and
+    the guard on the hooks it traced. `module` is not changed. A symbolic capture passes
+    the observed `sizes` and the `shapes` of its dynamic arguments."""
+    start = time.perf_counter()
+    with module.context, ir.Location.unknown():
+        work = ir.Module.parse(str(module))
+        if sizes is not None:
+            specialize(work, sizes, shapes or {}, dump)
+        # After specialization: tracing needs static shapes, so a symbolic capture's hooks
+        # are traced per size set.
+        guard = trace_hooks(work, hooks, device="cpu")
+        dump("trace-hooks", work)
+        perms = layouts(work, args, dump)
+        kernels(work, dump)
+        linalg(work, dump)
+        lowered_text = str(work)
+        kernel_module, host, specs = split(work, dump)
+        engine = make_native(kernel_module, dump) if specs else None
+        compiled = {name: abi.Kernel(engine, name, ins, outs) for name, (ins, outs) in specs.items()}
+        program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start)
+    logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)
+    return program, guard
+
+
+def dynamic_shapes(module: ir.Module, args: list, n_inputs: int) -> dict:
+    """The shapes of the arguments whose types have `?` dims, from this call's tensors."""
+    host = require_func(module, "backward")
+    return {i: tuple(args[i].shape) for i, t in enumerate(list(function_type(host).inputs)[:n_inputs])
+            if "?" in str(t) and isinstance(args[i], torch.Tensor)}

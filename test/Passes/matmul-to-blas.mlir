@@ -1,0 +1,43 @@
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-matmul-to-blas)' | ca-opt --split-input-file | FileCheck %s
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-matmul-to-blas,ca-define-blas-wrappers)' | ca-opt | FileCheck %s --check-prefix=DEF
+
+// The zero fill before the matmul becomes beta = 0, the matmul a call of the wrapper,
+// which is only declared until ca-define-blas-wrappers.
+// CHECK-LABEL: func.func @k
+// CHECK-NOT: linalg.fill
+// CHECK-NOT: linalg.matmul
+// CHECK: %[[ONE:.*]] = arith.constant 1.000000e+00 : f32
+// CHECK-NEXT: %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK-NEXT: call @camlir_gemm_f32(%{{.*}}, %{{.*}}, %{{.*}}, %[[ONE]], %[[ZERO]])
+// CHECK: func.func private @camlir_gemm_f32(memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>, f32, f32)
+// DEF-LABEL: func.func @k
+// DEF: func.func private @camlir_gemm_f32(%{{.*}}: memref<?x?xf32, strided<[?, ?], offset: ?>>
+// DEF: call @sgemm_
+// DEF: func.func private @sgemm_(!llvm.ptr
+func.func @k(%a: memref<4x3xf32>, %b: memref<3x5xf32>, %c: memref<4x5xf32>) {
+  %zero = arith.constant 0.0 : f32
+  linalg.fill ins(%zero : f32) outs(%c : memref<4x5xf32>)
+  linalg.matmul ins(%a, %b : memref<4x3xf32>, memref<3x5xf32>) outs(%c : memref<4x5xf32>)
+  return
+}
+
+// -----
+
+// A transposed operand map becomes a memref.transpose view; the output is accumulated into
+// (no fill: beta = 1). Integer matmuls stay loops.
+// CHECK-LABEL: func.func @t
+// CHECK: memref.transpose
+// CHECK: call @camlir_gemm_f32
+// CHECK-LABEL: func.func @ints
+// CHECK: linalg.matmul
+#a = affine_map<(d0, d1, d2) -> (d2, d0)>
+#b = affine_map<(d0, d1, d2) -> (d2, d1)>
+#c = affine_map<(d0, d1, d2) -> (d0, d1)>
+func.func @t(%a: memref<3x4xf32>, %b: memref<3x5xf32>, %c: memref<4x5xf32>) {
+  linalg.matmul indexing_maps = [#a, #b, #c] ins(%a, %b : memref<3x4xf32>, memref<3x5xf32>) outs(%c : memref<4x5xf32>)
+  return
+}
+func.func @ints(%a: memref<4x3xi32>, %b: memref<3x5xi32>, %c: memref<4x5xi32>) {
+  linalg.matmul ins(%a, %b : memref<4x3xi32>, memref<3x5xi32>) outs(%c : memref<4x5xi32>)
+  return
+}
