@@ -6,6 +6,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import linalg
 from torch_mlir.passmanager import PassManager
 
+from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_matching, ops_named
+
 from .base import CAPass
 
 # Ops that become one loop nest (or one library call) each: what "kernel count" counts.
@@ -17,19 +19,12 @@ STRUCTURED = ("linalg.generic", "linalg.matmul", "linalg.batch_matmul", "linalg.
 def count_kernels(module: ir.Operation) -> int:
     """Loop nests and library calls in the `ca.kernel` functions of `module`. A zero fill
     whose only user is a matmul is not counted: it becomes the BLAS call's `beta = 0`."""
-    found = [0]
+    def counted(op):
+        if op.name == "linalg.fill" and _only_feeds_matmuls(op):
+            return False
+        return op.name in STRUCTURED or op.name.startswith(("linalg.conv", "linalg.pooling", "linalg.depthwise"))
 
-    def visit(op):
-        name = op.operation.name
-        if name == "linalg.fill" and _only_feeds_matmuls(op.operation):
-            return ir.WalkResult.ADVANCE
-        if name in STRUCTURED or name.startswith(("linalg.conv", "linalg.pooling", "linalg.depthwise")):
-            found[0] += 1
-        return ir.WalkResult.ADVANCE
-
-    for fn in _kernels(module):
-        fn.walk(visit)
-    return found[0]
+    return sum(len(ops_matching(fn, counted)) for fn in _kernels(module))
 
 
 def _only_feeds_matmuls(fill: ir.Operation) -> bool:
@@ -114,10 +109,7 @@ def _hide_contractions(module: ir.Operation) -> int:
     attributes; elementwise producers and consumers around it still fuse."""
     count = 0
     for fn in _kernels(module):
-        ops = []
-        fn.walk(lambda o: (ops.append(o.operation) if o.operation.name in _CONTRACTIONS else None)
-                or ir.WalkResult.ADVANCE)
-        for op in ops:
+        for op in ops_named(fn, *_CONTRACTIONS):
             named = [op.attributes[i] for i in range(len(op.attributes))]
             attrs = {a.name: a.attr for a in named}
             attrs["ca.op"] = ir.StringAttr.get(op.name)
@@ -134,10 +126,7 @@ def _restore_contractions(module: ir.Operation, count: int) -> None:
     if not count:
         return
     for fn in _kernels(module):
-        ops = []
-        fn.walk(lambda o: (ops.append(o.operation) if o.operation.name == _HIDDEN else None)
-                or ir.WalkResult.ADVANCE)
-        for op in ops:
+        for op in ops_named(fn, _HIDDEN):
             name = ir.StringAttr(op.attributes["ca.op"]).value
             a, b, c = op.operands
             with ir.InsertionPoint(op), op.location:
@@ -154,8 +143,7 @@ def _restore_contractions(module: ir.Operation, count: int) -> None:
 
 
 def _kernels(module: ir.Operation) -> list:
-    return [op.operation for op in module.regions[0].blocks[0].operations
-            if op.operation.name == "func.func" and "ca.kernel" in op.operation.attributes]
+    return funcs(module, is_kernel)
 
 
 def _run(module: ir.Operation, pipeline: str) -> None:
@@ -165,11 +153,7 @@ def _run(module: ir.Operation, pipeline: str) -> None:
 def _unshare_inits(module: ir.Operation) -> None:
     """Gives every DPS consumer of a multiply-used `linalg.fill`/`tensor.empty` its own."""
     for fn in _kernels(module):
-        inits = []
-        fn.walk(lambda o: (inits.append(o.operation)
-                           if o.operation.name in ("linalg.fill", "tensor.empty") else None)
-                or ir.WalkResult.ADVANCE)
-        for init in inits:
+        for init in ops_named(fn, "linalg.fill", "tensor.empty"):
             uses = list(init.results[0].uses)
             if len(uses) < 2:
                 continue
@@ -197,10 +181,7 @@ def _clone_chain(init: ir.Operation) -> ir.Operation:
 
 def _fold_scalar_epilogue(module: ir.Operation) -> bool:
     for fn in _kernels(module):
-        generics = []
-        fn.walk(lambda o: (generics.append(o.operation) if o.operation.name == "linalg.generic" else None)
-                or ir.WalkResult.ADVANCE)
-        for g in generics:
+        for g in ops_named(fn, "linalg.generic"):
             hit = _epilogue_of_matmul(g)
             if hit is None:
                 continue
@@ -272,10 +253,7 @@ def fold_transposes(module: ir.Module) -> int:
     """`matmul(transpose(a), b)` -> `matmul(a, b)` with a transposed map on the first operand.
     Returns how many transposes were folded."""
     folded = 0
-    matmuls = []
-    module.operation.walk(lambda o: (matmuls.append(o.operation) if o.operation.name == "linalg.matmul" else None)
-                          or ir.WalkResult.ADVANCE)
-    for mm in matmuls:
+    for mm in ops_named(module, "linalg.matmul"):
         maps = matmul_maps(mm)
         ins = list(mm.operands[:2])
         changed = False

@@ -7,6 +7,8 @@ from torch_mlir import ir
 
 from camlir.dialects.ca import build
 
+from camlir.dialects.ca.ir_helpers import top_level_ops
+
 from .base import CAPass, PassFailure
 
 
@@ -158,12 +160,8 @@ def _replace_results(hook: ir.Operation, values) -> None:
 
 
 def _symbols(module: ir.Operation) -> dict:
-    table = {}
-    for op in module.regions[0].blocks[0].operations:
-        attrs = op.operation.attributes
-        if "sym_name" in attrs:
-            table[ir.StringAttr(attrs["sym_name"]).value] = op.operation
-    return table
+    return {ir.StringAttr(op.attributes["sym_name"]).value: op
+            for op in top_level_ops(module) if "sym_name" in op.attributes}
 
 
 def _is_private(fn: ir.Operation) -> bool:

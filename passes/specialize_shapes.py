@@ -5,7 +5,7 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
-from camlir.dialects.ca.ir_helpers import find_func
+from camlir.dialects.ca.ir_helpers import find_func, func_name, function_type, ops_named
 
 from .base import CAPass, OptionError, PassFailure
 
@@ -128,7 +128,7 @@ class SpecializeShapes(CAPass):
     def _refine_arguments(fn: ir.Operation, block: ir.Block, shapes: dict) -> None:
         for index, dims in shapes.items():
             if index >= len(block.arguments):
-                raise PassFailure(f"shapes names argument {index}, but @{_name(fn)} has {len(block.arguments)}", fn)
+                raise PassFailure(f"shapes names argument {index}, but @{func_name(fn)} has {len(block.arguments)}", fn)
             arg = block.arguments[index]
             text = str(arg.type)
             if not text.startswith("!torch.vtensor<["):
@@ -143,20 +143,13 @@ class SpecializeShapes(CAPass):
                     raise PassFailure(f"argument {index} has static dim {o}, shapes gives {d}", fn)
                 new.append(o if d is None else str(d))
             arg.set_type(ir.Type.parse(f"!torch.vtensor<[{','.join(new)}],{elem}>"))
-        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        ftype = function_type(fn)
         fn.attributes["function_type"] = ir.TypeAttr.get(
             ir.FunctionType.get([a.type for a in block.arguments], list(ftype.results)))
 
 
-def _name(fn: ir.Operation) -> str:
-    return ir.StringAttr(fn.attributes["sym_name"]).value
-
-
 def _drop_casts_for_ca_ops(fn: ir.Operation) -> None:
-    casts = []
-    fn.walk(lambda o: (casts.append(o.operation) if o.operation.name == "torch.tensor_static_info_cast" else None)
-            or ir.WalkResult.ADVANCE)
-    for cast in casts:
+    for cast in ops_named(fn, "torch.tensor_static_info_cast"):
         users = [u.owner for u in cast.results[0].uses]
         if users and all(u.name.startswith("ca.") for u in users):
             cast.results[0].replace_all_uses_with(cast.operands[0])

@@ -3,6 +3,8 @@
 `CA_LOGS` is a comma-separated list (also settable with `camlir.set_logs("graph,recompiles")`):
 - `graph`: print each captured `ca` module;
 - `verbose`: also the module after every pipeline stage, and tensor metadata;
+- `passes`: the IR after every pass inside each stage, on stderr (as `ca-opt
+  --mlir-print-ir-after-all`);
 - `recompiles`: why a capture happened ("Cache miss due to new autograd node: ...").
 Everything goes through Python `logging` (logger `camlir`), so applications can route it;
 when a kind is switched on and the logger has no handler, one printing to stderr is added.
@@ -12,7 +14,7 @@ import logging
 import os
 import sys
 
-KINDS = ("graph", "verbose", "recompiles")
+KINDS = ("graph", "verbose", "recompiles", "passes")
 log = logging.getLogger("camlir")
 _enabled: set = set()
 _handler = None

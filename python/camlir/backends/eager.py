@@ -16,6 +16,8 @@ from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from camlir.dialects.ca.ir_helpers import require_func
+
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
 _INT_TO_LAYOUT = {v: k for k, v in TORCH_LAYOUT_TO_INT.items()}
 _INT_TO_MEMORY_FORMAT = {v: k for k, v in TORCH_MEMORY_FORMAT_TO_INT.items()}
@@ -71,9 +73,7 @@ class EagerProgram:
     """A compiled-for-interpretation `func.func` of a `ca` module."""
 
     def __init__(self, module: ir.Module, func_name: str = "backward"):
-        fn = next(op.operation for op in module.body.operations
-                  if op.operation.name == "func.func"
-                  and ir.StringAttr(op.operation.attributes["sym_name"]).value == func_name)
+        fn = require_func(module, func_name)
         self.program = compile_block(fn.regions[0].blocks[0], terminator="func.return")
 
     def __call__(self, args, hooks, callbacks=()):

@@ -39,6 +39,7 @@ from torch_mlir import ir
 from camlir import logs
 from camlir.cache import HookGuard, describe_hook
 from camlir.capture.hook_purity import Refused, check_hook
+from camlir.dialects.ca.ir_helpers import ops_named, require_func
 from camlir.dialects.ca.types import tensor_sig
 
 __all__ = ["trace_hooks", "TRACED_KINDS"]
@@ -156,25 +157,6 @@ def _import_body(module: ir.Module, gm: fx.GraphModule, hook_id: int, types_in, 
 
 # --------------------------------------------------------------------------- driver
 
-def _hook_ops(module: ir.Module, func_name: str) -> list:
-    fn = None
-    for op in module.body.operations:
-        op = op.operation
-        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == func_name:
-            fn = op
-    if fn is None:
-        raise ValueError(f"no function @{func_name} in the module")
-    found = []
-
-    def visit(op):
-        if op.operation.name == "ca.hook":
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
-
-
 def _log(message: str, *args) -> None:
     if logs.enabled("verbose"):
         logs.log.info(message, *args)
@@ -191,7 +173,7 @@ def trace_hooks(module: ir.Module, hooks, func_name: str = "backward", device: s
     guard = HookGuard()
     done = {}  # (hook_id, operand types) -> symbol, for a hook called more than once
     with module.context, ir.Location.unknown():
-        for op in _hook_ops(module, func_name):
+        for op in ops_named(require_func(module, func_name), "ca.hook"):
             attrs = op.attributes
             kind = ir.StringAttr(attrs["kind"]).value
             hook_id = ir.IntegerAttr(attrs["hook_id"]).value

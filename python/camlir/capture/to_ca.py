@@ -19,7 +19,7 @@ from torch_mlir import ir
 from torch_mlir.extras.fx_importer import FxImporter
 
 from camlir.dialects.ca import build, verify_or_raise
-from camlir.dialects.ca.ir_helpers import is_inside
+from camlir.dialects.ca.ir_helpers import find_func, is_inside
 
 from .leaves import LEAF_OPS
 
@@ -90,15 +90,10 @@ def _provenance(op: ir.Operation):
     return name, index, aot
 
 
-def _func(module: ir.Module, name: str) -> ir.Operation:
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == name:
-            return op.operation
-    raise ImportError_(f"no function @{name} in the imported module")
-
-
 def to_ca(module: ir.Module, func_name: str) -> None:
-    fn = _func(module, func_name)
+    fn = find_func(module, func_name)
+    if fn is None:
+        raise ImportError_(f"no function @{func_name} in the imported module")
     block = fn.regions[0].blocks[0]
     with module.context, ir.Location.unknown():
         _convert_leaves(block)

@@ -22,6 +22,8 @@ from typing import Optional
 
 from torch_mlir import ir
 
+from camlir.dialects.ca.ir_helpers import function_type, funcs, ops_named
+
 _VTENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(.+)>$")
 _TRANSPOSES = ("torch.aten.t", "torch.aten.numpy_T", "torch.aten.transpose.int", "torch.aten.permute")
 
@@ -43,16 +45,8 @@ def _static_info_cast(value: ir.Value, to: ir.Type) -> ir.Value:
     return ir.Operation.create("torch.tensor_static_info_cast", operands=[value], results=[to]).results[0]
 
 
-def _funcs(module: ir.Module) -> list:
-    return [op.operation for op in module.body.operations if op.operation.name == "func.func"]
-
-
 def _return_op(fn: ir.Operation) -> ir.Operation:
     return list(fn.regions[0].blocks[0].operations)[-1].operation
-
-
-def _function_type(fn: ir.Operation) -> ir.FunctionType:
-    return ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
 
 
 def _is_symbolic(type_: ir.Type) -> bool:
@@ -67,8 +61,8 @@ def pin_results(module: ir.Module) -> None:
     looks through casts, and `clone`/`alias`/`detach` are folded before the decompositions
     run, while `contiguous` stays until it lowers to nothing (a `tensor.cast` at most)."""
     with module.context:
-        for fn in _funcs(module):
-            ftype = _function_type(fn)
+        for fn in funcs(module):
+            ftype = function_type(fn)
             if not any(_is_symbolic(t) for t in ftype.inputs):
                 continue
             ret = _return_op(fn)
@@ -109,9 +103,7 @@ def _permutation(op: ir.Operation, rank: int) -> Optional[list]:
 
 
 def refine_transpose_inputs(module: ir.Module) -> None:
-    ops = []
-    module.operation.walk(lambda op: (ops.append(op.operation) if op.operation.name in _TRANSPOSES else None)
-                          or ir.WalkResult.ADVANCE)
+    ops = ops_named(module, *_TRANSPOSES)
     with module.context:
         for op in ops:
             in_sizes, dtype = _sizes(op.operands[0].type)

@@ -19,13 +19,13 @@ the contract check to report.
 """
 
 from torch_mlir import ir
+
+from camlir.dialects.ca.ir_helpers import ops_named
 from torch_mlir.dialects import arith, scf, tensor
 
 
 def lower_tm_tensor(module: ir.Module) -> None:
-    scatters = []
-    module.operation.walk(lambda op: (scatters.append(op.operation) if op.operation.name == "tm_tensor.scatter"
-                                      else None) or ir.WalkResult.ADVANCE)
+    scatters = ops_named(module, "tm_tensor.scatter")
     with module.context:
         for op in scatters:
             _lower_scatter(op)
