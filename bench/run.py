@@ -53,19 +53,42 @@ class WorkerError(Exception):
     pass
 
 
+_STAGED = {}  # git revision -> folder holding that revision's `camlir` package (--baseline)
+
+
+def stage_revision(rev: str) -> str:
+    """Lays out camlir as committed at `rev` the way it is installed (python/camlir with
+    dialects/ and passes/ inside), in a temporary folder; returns the folder for PYTHONPATH.
+    A worker with it first on its path imports that camlir, not the checkout's."""
+    if rev not in _STAGED:
+        root = tempfile.mkdtemp(prefix=f"camlir-bench-{rev}-")
+        archive = subprocess.run(["git", "archive", rev, "python/camlir", "dialects", "passes"], cwd=REPO,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+        package = os.path.join(root, "pkg", "camlir")
+        os.makedirs(os.path.dirname(package))
+        os.rename(os.path.join(root, "python", "camlir"), package)
+        for part in ("dialects", "passes"):
+            os.rename(os.path.join(root, part), os.path.join(package, part))
+        _STAGED[rev] = os.path.join(root, "pkg")
+    return _STAGED[rev]
+
+
 class WorkerProcess:
     def __init__(self, variant: str, scratch: str):
         self.variant = variant
         self.error = None
-        self.stderr_path = os.path.join(scratch, f"{variant}.stderr")
+        name, _, rev = variant.partition("@")  # camlir_cpu@REV: camlir as committed at REV
+        self.stderr_path = os.path.join(scratch, f"{variant.replace('@', '-')}.stderr")
         env = dict(os.environ)
-        env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        paths = ([stage_revision(rev)] if rev else []) + [REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
         # A cold, private Inductor cache: "first backward" is a real compile in every run, and
         # no compile-worker pool competes with the timed processes for the cores.
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, f"inductor-{variant}")
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, f"inductor-{variant.replace('@', '-')}")
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         self.stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", variant], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", name], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr)
 
@@ -309,6 +332,8 @@ def parse_args(argv):
     parser.add_argument("--threads", default="1,2", help="torch.set_num_threads values (default 1,2)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="eager, ca_inductor, camlir_<backend> (default: %(default)s)")
+    parser.add_argument("--baseline", help="a git revision: adds camlir_cpu@REV, camlir as committed at REV, "
+                        "run side by side with the checkout (for before/after measurements)")
     parser.add_argument("--quick", action="store_true", help="a few iterations only (smoke check)")
     parser.add_argument("--out", help="write the markdown report here (e.g. docs/benchmarks.md)")
     parser.add_argument("--json", help="write the raw results here")
@@ -319,6 +344,8 @@ def parse_args(argv):
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(workloads.NAMES)}")
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.baseline:
+        args.variants.append(f"camlir_cpu@{args.baseline}")
     bad = [v for v in args.variants if v not in ("eager", "ca_inductor") and not v.startswith("camlir_")]
     if bad:
         parser.error(f"unknown variant(s) {bad}; use eager, ca_inductor, camlir_<backend>")
