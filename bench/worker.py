@@ -111,7 +111,7 @@ class Worker:
 
         self.torch = torch
         torch.set_num_threads(request["threads"])
-        self.variant = Variant(request["variant"])
+        self.variant = Variant(request["variant"].partition("@")[0])  # camlir_cpu@REV: the camlir on PYTHONPATH
         start = time.perf_counter()
         self._with_camlir_info(self.variant.start_up)
         self.startup_s = time.perf_counter() - start
