@@ -25,6 +25,7 @@ def top_level_ops(root) -> list:
 
 
 def func_name(fn: ir.Operation) -> str:
+    """The symbol name of a `func.func`, without the `@`: `"backward"`."""
     return ir.StringAttr(fn.attributes["sym_name"]).value
 
 
@@ -50,10 +51,13 @@ def funcs(root, predicate: Callable[[ir.Operation], bool] = lambda fn: True) -> 
 
 
 def is_kernel(fn: ir.Operation) -> bool:
+    """Whether `fn` is a compute kernel (it carries the `ca.kernel` attribute, set on the
+    functions `ca-outline-kernels` outlines), as opposed to the host function or a hook body."""
     return "ca.kernel" in fn.attributes
 
 
 def function_type(fn: ir.Operation) -> ir.FunctionType:
+    """The `ir.FunctionType` of a `func.func` (its `.inputs` and `.results` type lists)."""
     return ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
 
 
@@ -119,17 +123,22 @@ def defining_op(value: ir.Value) -> Optional[ir.Operation]:
 
 
 def live_values(ops: list, keep_outside: Callable[[ir.Value], bool] = lambda v: False) -> tuple:
-    """(inputs, outputs) of a run of ops in one block: the values the run reads that are
-    defined outside it (in first-use order; `keep_outside(v)` drops values the caller will
-    rematerialize instead, such as constants), and the results of the run that something
-    outside it reads."""
-    members = set(ops)
+    """(inputs, outputs) of a run of ops in one block: the values the run (ops nested in its
+    regions included) reads that are defined outside it, in first-use order, leaving out
+    those for which `keep_outside(v)` holds (values the caller rematerializes instead, such
+    as constants); and the results of the run that something outside it reads."""
+    members = set()
+    for op in ops:
+        members.update(ops_matching(op, lambda o: True))
     inputs, outputs = [], []
     for op in ops:
-        for v in op.operands:
-            owner = defining_op(v)
-            if (owner is None or owner not in members) and not keep_outside(v) and v not in inputs:
-                inputs.append(v)
+        for inner in ops_matching(op, lambda o: True):
+            for v in inner.operands:
+                owner = v.owner
+                inside = (owner.operation in members if isinstance(owner, ir.OpView)
+                          else owner.owner in members)  # a block argument of a nested region
+                if not inside and not keep_outside(v) and v not in inputs:
+                    inputs.append(v)
         for r in op.results:
             if any(u.owner not in members for u in r.uses) and r not in outputs:
                 outputs.append(r)

@@ -19,7 +19,7 @@ from torch_mlir import ir
 from torch_mlir.extras.fx_importer import FxImporter
 
 from camlir.dialects.ca import build, verify_or_raise
-from camlir.dialects.ca.ir_helpers import find_func, is_inside
+from camlir.dialects.ca.ir_helpers import find_func, is_inside, live_values
 
 from .leaves import LEAF_OPS
 
@@ -31,6 +31,13 @@ class ImportError_(RuntimeError):
 
 
 def stamp_locations(graph: fx.Graph) -> None:
+    """Replaces each node's stack trace with a synthetic frame naming its autograd node.
+
+    A node tagged `ca_node="AddmmBackward0", ca_index=2` gets
+    `File "AddmmBackward0", line 2, in ca` (`aot0:AddmmBackward0` in an AOT region), which
+    the FX importer turns into `loc("AddmmBackward0":2:0)`; untagged nodes lose theirs.
+    Modifies `graph` in place.
+    """
     for n in graph.nodes:
         custom = n.meta.get("custom") or {}
         if "ca_node" in custom:
@@ -41,6 +48,14 @@ def stamp_locations(graph: fx.Graph) -> None:
 
 
 def import_graph(graph: fx.Graph, context: ir.Context, func_name: str = "backward") -> ir.Module:
+    """Imports a re-traced aten graph into a verified `ca` module.
+
+    `import_graph(retraced.graph.graph, make_context())` -> a module with
+    `func.func @backward` whose body is `ca.node`s of torch-dialect ops, `ca.hook`s,
+    `ca.accumulate_grad`s and `ca.size`s. Stamps `graph`'s stack traces
+    (`stamp_locations`). Raises `ImportError_` when the FX importer fails (naming the op
+    and its autograd node) or the result does not verify.
+    """
     stamp_locations(graph)
     importer = FxImporter(context=context)
     try:
@@ -91,6 +106,10 @@ def _provenance(op: ir.Operation):
 
 
 def to_ca(module: ir.Module, func_name: str) -> None:
+    """Rewrites the torch-dialect function `@func_name` of `module` into `ca` form, in place:
+    leaves become `ca.hook`/`ca.accumulate_grad`, ops are grouped into `ca.node`s by
+    provenance, lifted sizes are read through `ca.size`. Raises `ImportError_` when the
+    function is missing or a leaf is not in the shape the importer produces."""
     fn = find_func(module, func_name)
     if fn is None:
         raise ImportError_(f"no function @{func_name} in the imported module")
@@ -231,21 +250,8 @@ def _group_nodes(block: ir.Block) -> None:
 
 
 def _wrap(block: ir.Block, name: str, index: int, aot, ops: list) -> None:
-    members = set()
-    for op in ops:
-        op.walk(lambda o: members.add(o.operation) or ir.WalkResult.ADVANCE)
-    inputs, outputs, cloned = [], [], {}
-    for op in ops:
-        for inner in _all_ops(op):
-            for v in inner.operands:
-                owner = v.owner
-                defined_inside = (isinstance(owner, ir.OpView) and owner.operation in members) or \
-                    (isinstance(owner, ir.Block) and owner.owner in members)
-                if not defined_inside and v not in inputs:
-                    inputs.append(v)
-        for r in op.results:
-            if any(u.owner not in members for u in r.uses):
-                outputs.append(r)
+    inputs, outputs = live_values(ops)
+    cloned = {}
     # Constants defined outside are copied in rather than passed as operands.
     const_inputs = [v for v in inputs if isinstance(v.owner, ir.OpView)
                     and v.owner.operation.name.startswith("torch.constant.")]
@@ -268,12 +274,6 @@ def _wrap(block: ir.Block, name: str, index: int, aot, ops: list) -> None:
         for use in list(v.uses):
             if not is_inside(use.owner, node):
                 use.owner.operands[use.operand_number] = res
-
-
-def _all_ops(op: ir.Operation) -> list:
-    found = []
-    op.walk(lambda o: found.append(o.operation) or ir.WalkResult.ADVANCE)
-    return found
 
 
 def _lift_sizes(block: ir.Block) -> None:
