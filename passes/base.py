@@ -29,14 +29,24 @@ class OptionError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class CAPass:
+    """The base of every camlir pass (see the module docstring): subclasses set `argument`
+    and `summary`, declare their options as dataclass fields and implement `run`.
+
+    `FlattenNodes.from_options("keep-provenance=false")` builds a configured instance;
+    `option_text()` writes its options back as `{keep-provenance=false}`.
+    """
+
     argument: ClassVar[str] = ""
     summary: ClassVar[str] = ""
 
     def run(self, module: ir.Operation) -> None:  # pragma: no cover - overridden
+        """Transforms `module` (the top-level `builtin.module` op) in place; raises
+        `PassFailure` to fail the pipeline."""
         raise NotImplementedError
 
     @classmethod
     def options(cls) -> list[dataclasses.Field]:
+        """The pass's options: its dataclass fields, in declaration order."""
         return list(dataclasses.fields(cls))
 
     @classmethod
@@ -54,6 +64,8 @@ class CAPass:
         return cls(**values)
 
     def option_text(self) -> str:
+        """All option values in MLIR pipeline form, `{key=value ...}`; "" for a pass
+        without options."""
         parts = [f"{f.name.replace('_', '-')}={_format_value(getattr(self, f.name))}"
                  for f in self.options()]
         return "{" + " ".join(parts) + "}" if parts else ""

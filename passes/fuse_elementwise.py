@@ -277,6 +277,9 @@ def fold_transposes(module: ir.Module) -> int:
 
 
 def matmul_maps(mm) -> list:
+    """The three `ir.AffineMap`s (A, B, C) of a `linalg.matmul`: its `indexing_maps`
+    attribute when it has one (e.g. a transposed operand), else the default
+    `(m, n, k) -> (m, k)`, `-> (k, n)`, `-> (m, n)`."""
     if "indexing_maps" in mm.attributes:
         return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(mm.attributes["indexing_maps"])]
     d = [ir.AffineDimExpr.get(i) for i in range(3)]

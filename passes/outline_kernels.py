@@ -46,6 +46,8 @@ def default_extern_ops() -> frozenset:
 
 
 def is_cloneable(op: ir.Operation) -> bool:
+    """Whether `op` is a constant or a list construction: what the host keeps and clones
+    into each kernel that reads it, rather than passing it as a kernel argument."""
     return op.name.startswith(_CLONEABLE_PREFIXES) or op.name in _CLONEABLE
 
 

@@ -24,6 +24,9 @@ from .base import OptionError, PassFailure
 
 
 class PipelineError(ValueError):
+    """A pipeline that does not parse, names an unknown pass or has bad options; `column`
+    (1-based) points at the offending element of the pipeline text."""
+
     def __init__(self, message: str, column: int = 1):
         super().__init__(message)
         self.column = column
@@ -31,6 +34,9 @@ class PipelineError(ValueError):
 
 @dataclass
 class Element:
+    """One parsed pipeline element: a pass (`cse`, `ca-flatten-nodes{keep-provenance=false}`)
+    or an op anchor with a nested list (`func.func(canonicalize)`, then `is_anchor`)."""
+
     name: str
     column: int  # 1-based column of the name in the pipeline text
     options: Optional[str] = None  # text inside {...}
@@ -113,6 +119,14 @@ class _Parser:
 
 
 def parse_pipeline(text: str) -> list:
+    """Parses pipeline text into a list of `Element`s, dropping a `builtin.module(...)`
+    anchor around the whole pipeline.
+
+    `parse_pipeline("builtin.module(cse,func.func(canonicalize))")` gives (columns and texts
+    left out) `[Element("cse"), Element("func.func", nested=[Element("canonicalize")])]`.
+    Only the syntax is checked here; `build_pass_manager` checks names and options.
+    Raises PipelineError.
+    """
     return _Parser(text).parse()
 
 

@@ -23,8 +23,12 @@ _BY_NAME = {p.argument: p for p in PASSES}
 
 
 def names():
+    """The command-line names of all camlir passes (`"ca-flatten-nodes"`, ...), in
+    pipeline order."""
     return _BY_NAME.keys()
 
 
 def lookup(name: str) -> Optional[type]:
+    """The pass class whose `argument` is `name`, or None (e.g. for an upstream pass):
+    `lookup("ca-flatten-nodes")` is `FlattenNodes`."""
     return _BY_NAME.get(name)

@@ -34,11 +34,14 @@ def node(name: str, index: int, inputs: Sequence[ir.Value], result_types: Sequen
 
 
 def yield_(values: Sequence[ir.Value]) -> ir.Operation:
+    """Creates the `ca.yield` ending a `ca.node` body; `values` become the node's results."""
     return _create("ca.yield", values)
 
 
 def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequence[ir.Type],
          body: Optional[str] = None) -> ir.Operation:
+    """Creates a `ca.hook` of `kind` (e.g. `"tensor_pre_hook"`) calling hook `hook_id` on
+    `args`; `body` names the `func.func` with its traced body, when there is one."""
     attrs = {"kind": ir.StringAttr.get(kind), "hook_id": _i64(hook_id)}
     if body is not None:
         attrs["body"] = ir.FlatSymbolRefAttr.get(body)
@@ -47,6 +50,8 @@ def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequen
 
 def accumulate_grad(param: ir.Value, grad: ir.Value,
                     param_index: Optional[int] = None) -> ir.Operation:
+    """Creates a `ca.accumulate_grad` adding `grad` into `param.grad`; `param_index`, the
+    parameter's position among the backward's inputs, is only for logs."""
     attrs = {} if param_index is None else {"param_index": _i64(param_index)}
     return _create("ca.accumulate_grad", [param, grad], [], attrs)
 
@@ -62,5 +67,7 @@ def size(index: int, result_type: ir.Type, *, value: Optional[int] = None,
 
 def call_python(callee: str, ident: int, args: Sequence[ir.Value],
                 result_types: Sequence[ir.Type]) -> ir.Operation:
+    """Creates a `ca.call_python` of the callable registered under `ident`; `callee` (e.g.
+    `"aten::my_op"`) only names it for logs and errors."""
     attrs = {"callee": ir.StringAttr.get(callee), "id": _i64(ident)}
     return _create("ca.call_python", args, result_types, attrs)

@@ -66,6 +66,8 @@ def tensor_sig(t: ir.Type) -> Optional[TensorSig]:
 
 
 def is_tensor(t: ir.Type) -> bool:
+    """Whether `t` is a builtin or torch tensor type (`tensor<4xf32>`, `!torch.vtensor<[4],f32>`,
+    unranked ones included), i.e. whether `tensor_sig` can read it."""
     return tensor_sig(t) is not None
 
 

@@ -18,6 +18,9 @@ from .ops import OPS_BY_NAME
 
 @dataclass
 class Problem:
+    """One failed check: the op and why, e.g. `'ca.yield' op must not have results`;
+    `location` is the op's, where the tools report it."""
+
     op: ir.Operation
     message: str
 
@@ -69,6 +72,8 @@ def _check(cls, op) -> Optional[str]:
 
 
 def verify_or_raise(root: ir.Operation, allow_unregistered: bool = False) -> None:
+    """Like `verify`, but raises `VerificationError` listing every problem instead of
+    returning them; returns None when `root` is valid."""
     problems = verify(root, allow_unregistered)
     if problems:
         raise VerificationError(problems)

@@ -33,6 +33,9 @@ _compiled = []  # (capture id, Artifact), newest last; cleared by camlir.reset()
 
 
 def forget_graphs() -> None:
+    """Forgets what this module remembers across captures (part of `camlir.reset()`): the
+    compiled artifacts `captured_graphs()`/`compiled_programs()` list, the modules seen for
+    `unique_graphs`, and the capture ids, which start again at 1."""
     _seen_graphs.clear()
     _compiled.clear()
     _capture_count[0] = 0

@@ -17,6 +17,10 @@ from camlir.dialects.ca import load_into
 
 
 def make_context() -> ir.Context:
+    """A new MLIR context with upstream, torch, torch_c and `ca` dialects loaded.
+
+    `ir.Module.parse(text, make_context())` then reads any camlir IR or stage dump.
+    """
     ctx = ir.Context()
     torch_dialect.register_dialect(ctx)
     load_into(ctx)

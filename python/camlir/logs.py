@@ -42,10 +42,14 @@ def set_logs(spec) -> None:
 
 
 def enabled(kind: str) -> bool:
+    """Whether log kind `kind` (one of `KINDS`) is on; `verbose` turns `graph` and
+    `recompiles` on too."""
     return kind in _enabled
 
 
-def set_from_environment() -> None:  # run once, when this module is imported
+def set_from_environment() -> None:
+    """Applies `CA_LOGS` (run once, when this module is imported). A bad value is logged as
+    a warning and ignored, rather than making `import camlir` fail."""
     spec = os.environ.get("CA_LOGS", "")
     try:
         set_logs(spec)

@@ -24,6 +24,14 @@ BACKENDS = ("eager", "cpu")
 
 
 class Config:
+    """The type of `camlir.config`: the process-wide settings.
+
+    `enabled` (bool; setting it notifies the `on_change` listeners), `backend` (one of
+    `BACKENDS`), `fullgraph` (bool) and `dynamic` (None, True or False). `backend` and
+    `dynamic` are checked when set: `config.backend = "gpu"` raises a ValueError that
+    lists the backends.
+    """
+
     def __init__(self):
         self._enabled = False
         self._backend = "cpu"
@@ -59,6 +67,8 @@ class Config:
 
 
 def check_backend(value) -> str:
+    """Returns `value` if it names a backend in `BACKENDS`, else raises a ValueError
+    listing them."""
     if value not in BACKENDS:
         raise ValueError(f"unknown camlir backend {value!r}; available: {', '.join(BACKENDS)}")
     return value

@@ -16,6 +16,12 @@ KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits"
 
 
 class Counters(collections.Counter):
+    """The type of `camlir.counters`: a Counter that always has every key of `KEYS`.
+
+    `clear()` sets them all to 0 instead of removing them, so a fresh process prints
+    `captures=0, compiles=0, ...` rather than nothing.
+    """
+
     def clear(self):
         super().clear()
         for key in KEYS:

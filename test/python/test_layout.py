@@ -168,3 +168,19 @@ def test_settings_imports_nothing_of_camlir():
 
 def test_hook_guard_does_not_import_capture():
     assert not any(m.startswith("camlir.capture") for m in import_graph()["camlir.cache"])
+
+
+def _undocumented(path: str) -> list:
+    """The public (no leading `_`) top-level functions and classes of a file without a docstring."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    return [node.name for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and not node.name.startswith("_") and not ast.get_docstring(node)]
+
+
+def test_public_functions_and_classes_have_docstrings():
+    missing = [f"{os.path.relpath(path, REPO)}: {name}"
+               for path in sorted(_modules().values()) for name in _undocumented(path)]
+    assert not missing, ("public top-level functions and classes without a docstring:\n  "
+                         + "\n  ".join(missing))

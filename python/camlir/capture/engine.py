@@ -61,6 +61,10 @@ _reason_logger.addHandler(_reasons)
 
 
 def take_reasons() -> list:
+    """The cache-miss reasons compiled autograd logged since the last call, emptying the list.
+
+    E.g. `["Cache miss due to new autograd node: ..."]`; `[]` for a graph's first capture.
+    """
     reasons, _reasons.reasons = _reasons.reasons, []
     return reasons
 

@@ -39,6 +39,8 @@ def _unalias(out, inputs):
 
 @torch.library.custom_op("camlir::tensor_pre_hook", mutates_args=())
 def tensor_pre_hook(hook_id: int, grad: Tensor) -> Tensor:
+    """`camlir::tensor_pre_hook`: hook `hook_id` on one gradient (`Tensor.register_hook`);
+    returns the gradient it hands on. Imported as `ca.hook` of kind `tensor_pre_hook`."""
     return _unalias(call_hook(_hook(hook_id), grad, hook_type="tensor_pre_hook"), [grad])
 
 
@@ -49,6 +51,8 @@ def _(hook_id, grad):
 
 @torch.library.custom_op("camlir::pre_hook", mutates_args=())
 def pre_hook(hook_id: int, grads: list[Tensor]) -> list[Tensor]:
+    """`camlir::pre_hook`: hook `hook_id` on a node's grad_outputs before it runs
+    (`Node.register_prehook`); returns as many gradients. Imported as `ca.hook`."""
     out = call_hook(_hook(hook_id), grads, hook_type="pre_hook")
     return [_unalias(o, grads) for o in out]
 
@@ -60,6 +64,8 @@ def _(hook_id, grads):
 
 @torch.library.custom_op("camlir::post_hook", mutates_args=())
 def post_hook(hook_id: int, grad_inputs: list[Tensor], grad_outputs: list[Tensor]) -> list[Tensor]:
+    """`camlir::post_hook`: hook `hook_id` after a node ran (`Node.register_hook`); returns
+    the grad_inputs to use, one per grad_input. Imported as `ca.hook` of kind `post_hook`."""
     out = call_hook(_hook(hook_id), grad_inputs, grad_outputs, hook_type="post_hook")
     return [_unalias(o, grad_inputs + grad_outputs) for o in out]
 
@@ -71,6 +77,8 @@ def _(hook_id, grad_inputs, grad_outputs):
 
 @torch.library.custom_op("camlir::post_acc_grad_hook", mutates_args=())
 def post_acc_grad_hook(hook_id: int, param: Tensor) -> None:
+    """`camlir::post_acc_grad_hook`: hook `hook_id` on `param` after its `.grad` was
+    accumulated (`Tensor.register_post_accumulate_grad_hook`); returns nothing."""
     call_hook(_hook(hook_id), param, hook_type="post_acc_grad_hook")
 
 
@@ -81,6 +89,8 @@ def _(hook_id, param):
 
 @torch.library.custom_op("camlir::accumulate_grad", mutates_args=())
 def accumulate_grad(param: Tensor, old_grad: Optional[Tensor], grad: Tensor, has_post_hooks: bool) -> None:
+    """`camlir::accumulate_grad`: accumulates `grad` into `param.grad` as the engine does.
+    Imported as `ca.accumulate_grad(param, grad)` (`old_grad` and the flag are dropped)."""
     # The side effect is on `param.grad`, not on tensor data, so the op declares no mutation;
     # the `ca` dialect keeps it alive and ordered (ca.accumulate_grad).
     call_accumulate_grad(param, old_grad, grad, has_post_hooks)

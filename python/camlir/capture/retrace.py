@@ -79,6 +79,8 @@ def _hook_index(n: fx.Node) -> int:
 
 
 def node_label(n: fx.Node) -> str:
+    """The autograd node `n` came from, as `"AddmmBackward0#2"` (name and its NodeCall
+    index), or `n`'s own FX name when it has no provenance (`annotate_provenance` first)."""
     custom = n.meta.get("custom") or {}
     if "ca_node" in custom:
         return f"{custom['ca_node']}#{custom['ca_index']}"
@@ -123,18 +125,30 @@ class _Retracer(fx.Interpreter):
 
 @dataclass
 class Retraced:
+    """A captured backward re-traced to aten ops (what `retrace` returns).
+
+    `graph` is the aten GraphModule; `symbolic` says whether the lifted sizes are symbols
+    (graph arguments) or were traced as constants. A symbolic trace keeps its `shape_env`
+    and the fake `placeholders` it was traced with, so that `guards_hold` can check a later
+    call's inputs and sizes against the guards tracing relied on.
+    """
+
     graph: fx.GraphModule
     symbolic: bool
     shape_env: Any = None
     placeholders: list = field(default_factory=list)
 
     def guards_hold(self, inputs, sizes) -> bool:
+        """Whether this trace is valid for a call with `inputs` and plain int `sizes`
+        (always for a static trace)."""
         if not self.symbolic:
             return True
         return bool(self.shape_env.evaluate_guards_for_args(self.placeholders, list(inputs) + list(sizes)))
 
 
 def plain_sizes(sizes) -> list:
+    """The engine's lifted sizes as ints: it passes a size it marks dynamic as a tensor of
+    shape `[0, n]`, which becomes `n`; plain ints stay."""
     return [unwrap_maybe_dynamic_int(s) for s in sizes]
 
 

@@ -103,6 +103,13 @@ def _permutation(op: ir.Operation, rank: int) -> Optional[list]:
 
 
 def refine_transpose_inputs(module: ir.Module) -> None:
+    """Before each transpose/permute with a constant permutation, casts its input to the
+    static sizes its result type claims for the same dims, in place.
+
+    `torch.aten.t(%x : [?,?]) -> [10,?]` gets `%x` through a
+    `torch.tensor_static_info_cast` to `[?,10]` first, so that torch-mlir's lowering never
+    transposes a dynamic dim into a static one. Inputs with nothing to refine are left alone.
+    """
     ops = ops_named(module, *_TRANSPOSES)
     with module.context:
         for op in ops:

@@ -25,6 +25,9 @@ from torch_mlir.dialects import arith, scf, tensor
 
 
 def lower_tm_tensor(module: ir.Module) -> None:
+    """Rewrites every `tm_tensor.scatter` in `module` into `scf.for` loops on tensors, in
+    place (see the module docstring). Raises ValueError for a scatter whose indices and
+    update dims do not cover every destination dim."""
     scatters = ops_named(module, "tm_tensor.scatter")
     with module.context:
         for op in scatters:

@@ -185,6 +185,13 @@ def _split_argv(parser, argv: list) -> tuple[list, list]:
 
 
 def run(argv: list) -> int:
+    """Runs ca-opt on `argv` (without the program name) and returns its exit status: 0, or
+    1 when a diagnostic was an error or `--verify-diagnostics` found a mismatch.
+
+    Diagnostics go to stderr and the output to `-o` (stdout by default). Raises `_Failure`
+    for a bad command line, an unreadable input, an unwritable output or a bad
+    pipeline (`main` prints it).
+    """
     parser = _arg_parser()
     mine, extra = _split_argv(parser, argv)
     args = parser.parse_args(mine)
@@ -243,6 +250,9 @@ def _write_output(path: str, text: str) -> None:
 
 
 def main(argv=None) -> int:
+    """The `ca-opt` entry point: `run`s `argv` (default `sys.argv[1:]`) and exits the process
+    with its status, never with a traceback (1 for any failure, 130 on Ctrl-C;
+    `CA_OPT_TRACEBACK=1` prints the traceback of an internal error)."""
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except _Failure as exc:

@@ -23,6 +23,9 @@ _SEVERITY = {
 
 @dataclass
 class Diag:
+    """One diagnostic of a tool, with its notes; `render(filename)` prints it the MLIR way:
+    `f.mlir:3:5: error: 'ca.yield' op must be nested directly in a 'ca.node'`."""
+
     severity: str
     line: int  # 0 when the location has no position
     col: int
@@ -30,12 +33,15 @@ class Diag:
     notes: list = field(default_factory=list)
 
     def render(self, filename: str) -> str:
+        """`filename:line:col: severity: message`, then each note on its own line."""
         lines = [f"{filename}:{self.line}:{self.col}: {self.severity}: {self.message}"]
         lines += [n.render(filename) for n in self.notes]
         return "\n".join(lines)
 
 
 def from_location(loc, severity: str, message: str, notes=()) -> Diag:
+    """A Diag at the first `"file":line:col` in `loc`'s text (line and col 0 when there is
+    none, e.g. `loc(unknown)`)."""
     m = _FILE_LINE_COL.search(str(loc))
     line, col = (int(m.group(2)), int(m.group(3))) if m else (0, 0)
     return Diag(severity, line, col, message, list(notes))
@@ -54,6 +60,7 @@ def from_diagnostic(d) -> Diag:
 
 
 def flatten(diags):
+    """Yields each diagnostic followed by its notes (recursively), depth first."""
     for d in diags:
         yield d
         yield from flatten(d.notes)
@@ -65,6 +72,10 @@ _EXPECTED = re.compile(
 
 @dataclass
 class Expectation:
+    """One `expected-<severity>` comment: the text a diagnostic on `line` must contain.
+    `comment_line` is where the comment is (for reporting); `matched` is set once a
+    diagnostic meets it."""
+
     severity: str
     line: int
     text: str

@@ -20,6 +20,8 @@ def _body(cls) -> str:
 
 
 def dialect_md() -> str:
+    """The text of docs/ca-dialect.md: the `ops` module docstring, then one section per op
+    in `OPS` (its summary line and the rest of its docstring)."""
     out = [_HEADER, "# The `ca` dialect\n\n", inspect.cleandoc(sys.modules[OPS[0].__module__].__doc__),
            "\n\n## Operations\n"]
     for cls in OPS:
@@ -28,6 +30,8 @@ def dialect_md() -> str:
 
 
 def passes_md() -> str:
+    """The text of docs/passes.md: one section per pass in `PASSES`, in pipeline order, from
+    its `argument`, `summary`, docstring and options (with their types and defaults)."""
     out = [_HEADER, "# camlir passes\n\n",
            "Run them with `ca-opt --<pass>[=options]` or in a `--pass-pipeline`, mixed freely with "
            "upstream MLIR passes. Options are written `name{opt=value}`.\n"]
@@ -48,6 +52,8 @@ FILES = {"ca-dialect.md": dialect_md, "passes.md": passes_md}
 
 
 def main(argv=None) -> int:
+    """Writes the stale files of `FILES` into the docs dir (`argv[0]`, default ./docs); with
+    `--check`, writes nothing and returns 1 if any file differs from what it would write."""
     argv = list(sys.argv[1:] if argv is None else argv)
     check = "--check" in argv
     argv = [a for a in argv if a != "--check"]

@@ -29,6 +29,11 @@ _DESCRIPTOR_TYPES = {}
 
 
 def descriptor_type(rank: int):
+    """The ctypes Structure of a rank-`rank` memref descriptor (built once per rank, cached).
+
+    Fields `allocated`, `aligned`, `offset`, then `sizes` and `strides` (arrays of `rank`
+    int64) when `rank > 0`: `descriptor_type(2)` is `MemRef2D`, a 0-d tensor's has no arrays.
+    """
     if rank not in _DESCRIPTOR_TYPES:
         fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_longlong)]
         if rank:
@@ -39,6 +44,11 @@ def descriptor_type(rank: int):
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """The static shape and torch dtype of one kernel argument or result.
+
+    `TensorSpec.from_type("tensor<4x8xf32>")` is `TensorSpec((4, 8), torch.float32)`.
+    """
+
     shape: tuple
     dtype: torch.dtype
 
