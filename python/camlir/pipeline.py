@@ -149,6 +149,8 @@ def make_eager(module: ir.Module) -> EagerProgram:
 # --------------------------------------------------------------------------- cpu backend
 
 def specialize(module: ir.Module, sizes: list, shapes: dict, dump: Dump) -> None:
+    """specialize: a symbolic capture's sizes become constants and its dynamic argument dims
+    the observed ones (`shapes`: argument number -> dims), so the kernels get static shapes."""
     shape_text = ",".join(f"{i}:{'x'.join(str(d) for d in shape)}" for i, shape in sorted(shapes.items()))
     run_stage("specialize", module, [
         "ca-flatten-nodes",
@@ -166,10 +168,14 @@ def layouts(module: ir.Module, args: list, dump: Dump) -> list:
 
 
 def kernels(module: ir.Module, dump: Dump) -> None:
+    """kernels: traced hook bodies inlined, the nodes flattened, every run of compute between
+    barriers (Python hooks, host ops) outlined into a `ca.kernel` function."""
     run_stage("kernels", module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-outline-kernels"], dump)
 
 
 def linalg(module: ir.Module, dump: Dump) -> None:
+    """linalg: kernels lowered to linalg on tensors and fused; ops the lowering cannot take
+    move to the host (logged, one line per op name)."""
     run_stage("linalg", module, ["ca-lower-to-linalg", "ca-fuse-elementwise"], dump)
     if "ca.host_ops" in module.operation.attributes:
         moved = sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(module.operation.attributes["ca.host_ops"])})
@@ -192,10 +198,13 @@ def split(module: ir.Module, dump: Dump) -> tuple:
 
 
 def math(kernel_module: ir.Module, dump: Dump) -> None:
+    """math: f32 exp/erf as polynomials the vectorizer can take (libm calls stop it)."""
     run_stage("math", kernel_module, ["ca-approximate-math"], dump)
 
 
 def bufferize(kernel_module: ir.Module, dump: Dump) -> None:
+    """bufferize: kernels on memrefs with read-only inputs and results as out-parameters that
+    the runtime allocates with torch; temporaries freed."""
     run_stage("bufferize", kernel_module, [
         "ca-prepare-kernel-abi",
         "canonicalize",  # drops transposes that the transpose fold left without users
@@ -209,6 +218,7 @@ def bufferize(kernel_module: ir.Module, dump: Dump) -> None:
 
 
 def blas(kernel_module: ir.Module, dump: Dump) -> None:
+    """blas: matmuls become calls of MKL's gemm through wrappers written in MLIR."""
     run_stage("blas", kernel_module, ["ca-matmul-to-blas", "ca-copies-to-linalg", "ca-define-blas-wrappers"], dump)
 
 
