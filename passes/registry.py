@@ -13,10 +13,11 @@ from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .outline_kernels import OutlineKernels
 from .specialize_layouts import SpecializeLayouts
 from .specialize_shapes import SpecializeShapes
+from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
-          FuseElementwise, ApproximateMath, PrepareKernelABI, CopiesToLinalg, MatmulToBlas,
+          FuseElementwise, UniqueKernelResults, ApproximateMath, PrepareKernelABI, CopiesToLinalg, MatmulToBlas,
           DefineBlasWrappers)
 
 _BY_NAME = {p.argument: p for p in PASSES}

@@ -10,6 +10,8 @@ to find an artifact that still fits:
   (static shapes are what let the loops vectorize and the descriptors be built once); each
   variant carries the hook guard of its own trace (hooks are traced after specialization).
 - `HookGuard`: what inlined hook bodies assume about the hooks list.
+- `ValueGuard`: the Python values a re-trace baked in, read again from the objects the
+  engine passes in the hooks list (a custom Function's `ctx`); see capture/baked_values.py.
 
 Everything here lives in memory, per process; `camlir.reset()` forgets it.
 
@@ -33,7 +35,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Artifact", "Artifacts", "HookGuard", "SizeVariants", "describe_hook"]
+__all__ = ["Artifact", "Artifacts", "HookGuard", "SizeVariants", "ValueGuard", "describe_hook"]
 
 
 def describe_hook(hook) -> str:
@@ -136,6 +138,46 @@ class HookGuard:
         return f"HookGuard(inlined={self.inlined}, refused={self.refused})"
 
 
+# --------------------------------------------------------------------------- baked values
+
+class ValueGuard:
+    """Attributes of objects in the hooks list whose values a re-trace baked in.
+
+    Each entry is (slot, attribute, value, by_value): `getattr(hooks[slot], attribute)`
+    must still be `value` (equal with the same type when `by_value`, the same object
+    otherwise). Empty guards hold trivially and cost nothing per call.
+    """
+
+    def __init__(self):
+        self.entries: dict = {}  # (slot, attribute) -> (value, by_value, label)
+
+    def add(self, slot: int, attribute: str, value, by_value: bool, label: str) -> None:
+        self.entries.setdefault((slot, attribute), (value, by_value, label))
+
+    def _changed(self, hooks):
+        for (slot, attribute), (value, by_value, label) in self.entries.items():
+            try:
+                now = getattr(hooks[slot], attribute)
+            except Exception:  # noqa: BLE001 - a missing slot or attribute is a change
+                return label, value, "<missing>"
+            same = (type(now) is type(value) and (now == value or (now != now and value != value))
+                    if by_value else now is value)
+            if not same:
+                return label, value, now
+        return None
+
+    def holds(self, hooks) -> bool:
+        return not self.entries or self._changed(hooks) is None
+
+    def reason(self, hooks) -> str:
+        """Why `holds(hooks)` is False ("" when it holds), for the recompile log."""
+        changed = self._changed(hooks)
+        if changed is None:
+            return ""
+        label, old, new = changed
+        return f"{label} changed from {old!r} to {new!r}"
+
+
 # --------------------------------------------------------------------------- artifacts
 
 @dataclass
@@ -167,6 +209,11 @@ class Artifacts:
         `on_miss(reason)` hears why an artifact whose shapes fit was passed over."""
         for artifact in self.items:
             if artifact.backend != backend or not artifact.retraced.guards_hold(inputs, sizes):
+                continue
+            values = artifact.retraced.value_guard
+            if not values.holds(hooks):
+                if on_miss is not None:
+                    on_miss(values.reason(hooks))
                 continue
             guard = artifact.hook_guard
             if guard is None or guard.holds(hooks):

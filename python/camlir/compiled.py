@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from . import logs, pipeline
+from . import effects, logs, pipeline
 from .backends.eager import InterpreterError
 from .cache import Artifact, Artifacts, SizeVariants
 from .capture.retrace import RetraceError, plain_sizes
@@ -112,7 +112,9 @@ class CompiledBackward:
         except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"
             raise UnsupportedError(f"re-tracing the backward failed: {type(exc).__name__}: {exc}") from exc
         try:
-            module = pipeline.make_ca(retraced, dump)
+            module = pipeline.make_ca(retraced, dump, effects.in_captured_graph(self.gm))
+        except UnsupportedError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise UnsupportedError(f"importing the backward into the ca dialect failed: {exc}") from exc
         text = str(module)

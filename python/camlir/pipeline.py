@@ -14,7 +14,8 @@ capture one per size set, see `cache.SizeVariants`):
     layouts      strided inputs passed as contiguous permutations  ca-specialize-layouts
     kernels      hook bodies inlined, compute outlined into kernels ca-inline-hooks, ca-flatten-nodes,
                                                                     ca-outline-kernels
-    linalg       kernels to linalg on tensors, fused               ca-lower-to-linalg, ca-fuse-elementwise
+    linalg       kernels to linalg on tensors, fused               ca-lower-to-linalg, ca-fuse-elementwise,
+                                                                    ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
     math         f32 exp/erf as vectorizable polynomials           ca-approximate-math
     bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
@@ -41,7 +42,7 @@ from typing import Optional
 import torch
 from torch_mlir import ir
 
-from camlir import logs
+from camlir import effects, logs
 from camlir.backends.cpu import abi, jit
 from camlir.backends.cpu.layouts import input_permutations
 from camlir.backends.cpu.program import CpuProgram
@@ -134,10 +135,14 @@ def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump) -> Ret
     return retraced
 
 
-def make_ca(retraced: Retraced, dump: Dump) -> ir.Module:
-    """import: the aten graph as a `ca` module (autograd nodes, hooks, accumulation, sizes)."""
+def make_ca(retraced: Retraced, dump: Dump, expected_effects=None) -> ir.Module:
+    """import: the aten graph as a `ca` module (autograd nodes, hooks, accumulation, sizes).
+    With `expected_effects` (`effects.in_captured_graph` of the capture), checks that every
+    accumulation and hook made it into the module."""
     module = import_graph(retraced.graph.graph, make_context())
     dump("import", module)
+    if expected_effects is not None:
+        effects.check(expected_effects, effects.in_module(module), f"{dump.label}, stage 'import'")
     return module
 
 
@@ -176,7 +181,7 @@ def kernels(module: ir.Module, dump: Dump) -> None:
 def linalg(module: ir.Module, dump: Dump) -> None:
     """linalg: kernels lowered to linalg on tensors and fused; ops the lowering cannot take
     move to the host (logged, one line per op name)."""
-    run_stage("linalg", module, ["ca-lower-to-linalg", "ca-fuse-elementwise"], dump)
+    run_stage("linalg", module, ["ca-lower-to-linalg", "ca-fuse-elementwise", "ca-unique-kernel-results"], dump)
     if "ca.host_ops" in module.operation.attributes:
         moved = sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(module.operation.attributes["ca.host_ops"])})
         for name in moved:
@@ -293,10 +298,12 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         # are traced per size set.
         guard = trace_hooks(work, hooks, device="cpu")
         dump("trace-hooks", work)
+        expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
         perms = layouts(work, args, dump)
         kernels(work, dump)
         linalg(work, dump)
         lowered_text = str(work)
+        effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
         kernel_module, host, specs = split(work, dump)
         engine = make_native(kernel_module, dump) if specs else None
         compiled = {name: abi.Kernel(engine, name, ins, outs) for name, (ins, outs) in specs.items()}

@@ -138,7 +138,7 @@ def _handler(op: ir.Operation, extra=None):
     if name in ("torch.prim.ListUnpack", "torch.prim.TupleUnpack"):
         return lambda ins, rt: tuple(ins[0])
     if name == "torch.vtensor.literal":
-        tensor = _literal(attrs["value"])
+        tensor = _literal(attrs["value"], op)
         return lambda ins, rt: (tensor,)
     if name == "torch.operator":
         return _aten_handler(op, ir.StringAttr(attrs["name"]).value.removeprefix("torch."))
@@ -237,13 +237,17 @@ _NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np
               "i32": np.int32, "si32": np.int32, "i1": np.bool_, "i8": np.int8, "ui8": np.uint8}
 
 
-def _literal(attr) -> torch.Tensor:
-    if not isinstance(attr, ir.DenseElementsAttr):
-        raise InterpreterError("torch.vtensor.literal", f"unsupported literal attribute {attr}")
+def _literal(attr, op: ir.Operation) -> torch.Tensor:
     shaped = ir.ShapedType(attr.type)
     elem = str(shaped.element_type)
     if elem not in _NP_DTYPES:
         raise InterpreterError("torch.vtensor.literal", f"unsupported literal element type {elem}")
+    if str(attr).startswith("dense_resource<"):
+        data = _resource_blob(op, str(attr).split("<", 1)[1].split(">", 1)[0])
+        array = np.frombuffer(data, dtype=_NP_DTYPES[elem]).reshape(shaped.shape).copy()
+        return torch.from_numpy(array)
+    if not isinstance(attr, ir.DenseElementsAttr):
+        raise InterpreterError("torch.vtensor.literal", f"unsupported literal attribute {attr}")
     if attr.is_splat:
         value = attr.get_splat_value()
         scalar = value.value if hasattr(value, "value") else value
@@ -251,6 +255,23 @@ def _literal(attr) -> torch.Tensor:
     else:
         array = np.array(attr, copy=True).astype(_NP_DTYPES[elem]).reshape(shaped.shape)
     return torch.from_numpy(array)
+
+
+def _resource_blob(op: ir.Operation, name: str) -> bytes:
+    """The bytes of a `dense_resource<name>` literal (torch-mlir's importer makes them for
+    tensor constants, e.g. the indices of a rewritten `as_strided`). The Python bindings
+    cannot read a resource, but the module prints it: a hex blob whose first 4 bytes are
+    its alignment, then the raw little-endian data."""
+    top = op
+    while top.parent is not None:
+        top = top.parent
+    text = top.get_asm()
+    for key in (f'"{name}": "0x', f"{name}: \"0x"):
+        at = text.find(key, text.rfind("dialect_resources"))
+        if at >= 0:
+            start = at + len(key)
+            return bytes.fromhex(text[start:text.index('"', start)])[4:]
+    raise InterpreterError("torch.vtensor.literal", f"resource {name} not found in the module")
 
 
 def _resolve(target: str):

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Refused", "Read", "check_hook"]
+__all__ = ["Refused", "Read", "check_hook", "value_rule"]
 
 # Builtins a hook may call: pure functions of their arguments (on fake tensors, those that
 # would read tensor data, like float(g), raise at trace time).
@@ -127,14 +127,14 @@ class Read:
 
 # --------------------------------------------------------------------------- bytecode check
 
-def _value_rule(obj) -> tuple:
+def value_rule(obj) -> tuple:
     """(admissible, by_value, why-not) for a value a hook reads from outside itself."""
     if obj is None or type(obj) in (bool, int, float, complex, str):
         return True, True, ""
     if isinstance(obj, (torch.dtype, torch.device)):
         return True, True, ""
     if type(obj) is tuple:
-        if all(_value_rule(x)[:2] == (True, True) for x in obj):
+        if all(value_rule(x)[:2] == (True, True) for x in obj):
             return True, True, ""
         return False, False, "a tuple holding mutable or unknown objects"
     if isinstance(obj, types.ModuleType):
@@ -165,7 +165,7 @@ def _check_function(fn: types.FunctionType) -> list:
             value = cell.cell_contents
         except ValueError:
             raise Refused(f"closure variable '{name}' is not set yet") from None
-        ok, by_value, why = _value_rule(value)
+        ok, by_value, why = value_rule(value)
         if not ok:
             raise Refused(f"reads closure variable '{name}', {why}")
         reads.append(Read(f"closure variable '{name}'", (lambda f, i=i: f.__closure__[i].cell_contents),
@@ -174,7 +174,7 @@ def _check_function(fn: types.FunctionType) -> list:
         if defaults:
             values = tuple(defaults.values()) if isinstance(defaults, dict) else tuple(defaults)
             for v in values:
-                ok, by_value, why = _value_rule(v)
+                ok, by_value, why = value_rule(v)
                 if not ok or not by_value:
                     raise Refused(f"has a default argument that is {why or 'not a plain value'}")
             attr = "__defaults__" if what == "default arguments" else "__kwdefaults__"
@@ -219,7 +219,7 @@ def _why_attr(name: str) -> str:
 def _check_global(name: str, globals_: dict, builtins_: dict) -> Read:
     if name in globals_:
         value = globals_[name]
-        ok, by_value, why = _value_rule(value)
+        ok, by_value, why = value_rule(value)
         if not ok:
             raise Refused(f"reads global '{name}', {why}")
         return Read(f"global '{name}'", (lambda f: f.__globals__[name]), value, by_value)
@@ -238,7 +238,7 @@ def check_hook(hook) -> list:
     """Checks that tracing `hook` records everything it does; returns the `Read`s of the
     values from outside it that the trace bakes in (to guard), or raises `Refused`."""
     if isinstance(hook, (types.FunctionType, types.BuiltinFunctionType)):
-        ok, _, why = _value_rule(hook)
+        ok, _, why = value_rule(hook)
         if ok:  # a torch/math function registered directly, e.g. register_hook(torch.neg)
             return []
         if isinstance(hook, types.BuiltinFunctionType):

@@ -107,3 +107,10 @@ LEAF_OPS = {
     "camlir.post_hook": "post_hook",
     "camlir.post_acc_grad_hook": "post_acc_grad_hook",
 }
+
+# Every leaf has an effect that no result shows (a hook runs Python; accumulation writes
+# `.grad`), so FX must never drop one as dead code. torch-mlir's importer runs FX's
+# dead-code elimination when it rewrites `as_strided`, and with the leaves declared pure it
+# deleted every accumulation of such a backward (no gradient at all, no error).
+for _op in (tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, accumulate_grad):
+    torch.fx.node.has_side_effect(_op._opoverload)

@@ -20,11 +20,14 @@ from typing import Any, Optional
 import torch
 from torch import fx
 from torch._dynamo import compiled_autograd as ca_mod
-from torch._dynamo.external_utils import call_accumulate_grad, call_hook, unwrap_maybe_dynamic_int
+from torch._dynamo.external_utils import call_accumulate_grad, call_backward, call_hook, unwrap_maybe_dynamic_int
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from camlir.cache import ValueGuard
+
 from . import leaves  # noqa: F401  (registers the camlir:: ops)
+from .baked_values import BakedValueRefused, RecordingCtx
 from .decompositions import decomposition_table
 
 _ORIGIN = re.compile(r"^\s*(\S[^\n]*?) \(NodeCall (\d+)\)\s*$", re.M)
@@ -88,7 +91,13 @@ def node_label(n: fx.Node) -> str:
 
 
 class _Retracer(fx.Interpreter):
-    """Runs the captured graph on fake tensors, routing hooks and accumulation to leaves."""
+    """Runs the captured graph on fake tensors, routing hooks and accumulation to leaves;
+    what custom Functions' backwards read from `ctx` goes through the lift-or-guard rule
+    into `value_guard`."""
+
+    def __init__(self, gm, value_guard: ValueGuard):
+        super().__init__(gm)
+        self.value_guard = value_guard
 
     def run_node(self, n: fx.Node) -> Any:
         self._current = n
@@ -114,6 +123,11 @@ class _Retracer(fx.Interpreter):
                 torch.ops.camlir.post_acc_grad_hook(i, args[1])
                 return args[1]
             raise NotImplementedError(f"hook kind '{kind}' (saved-tensor hooks) is not supported")
+        if target is call_backward:
+            ctx, saved, *grads = args
+            recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
+            grads = recording._forward_cls.backward(recording, *grads)
+            return grads if isinstance(grads, tuple) else (grads,)
         if target is call_accumulate_grad:
             param, old_grad, grad, has_post_hooks = args
             torch.ops.camlir.accumulate_grad(param, old_grad, grad, bool(has_post_hooks))
@@ -137,6 +151,7 @@ class Retraced:
     symbolic: bool
     shape_env: Any = None
     placeholders: list = field(default_factory=list)
+    value_guard: ValueGuard = field(default_factory=ValueGuard)
 
     def guards_hold(self, inputs, sizes) -> bool:
         """Whether this trace is valid for a call with `inputs` and plain int `sizes`
@@ -156,10 +171,11 @@ def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> R
     """Re-traces one captured graph, using one call's real inputs for shapes and strides."""
     annotate_provenance(gm)
     sizes = plain_sizes(sizes)
+    value_guard = ValueGuard()
 
     def run(inputs, sizes, scalars):
         with torch.no_grad():
-            return _Retracer(gm).run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
+            return _Retracer(gm, value_guard).run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
 
     with fx_traceback.preserve_node_meta(), ca_mod._disable():
         if not sizes:
@@ -168,8 +184,10 @@ def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> R
             if _has_mutations(traced):
                 traced = make_fx(_functionalized(traced), tracing_mode="fake",
                                  decomposition_table=decomposition_table())(list(inputs), list(scalars))
-            return Retraced(traced, symbolic=False)
-        return _retrace_symbolic(run, inputs, sizes, scalars)
+            return Retraced(traced, symbolic=False, value_guard=value_guard)
+        retraced = _retrace_symbolic(run, inputs, sizes, scalars)
+        retraced.value_guard = value_guard
+        return retraced
 
 
 def _has_mutations(traced: fx.GraphModule) -> bool:
