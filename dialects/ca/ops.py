@@ -24,7 +24,7 @@ from torch_mlir import ir
 
 from .types import is_integer_like, is_tensor, tensor_sig, types_compatible
 
-HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook")
+HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook", "cpp_tensor_pre_hook")
 
 
 class CAOp:
@@ -219,15 +219,18 @@ class HookOp(CAOp):
 
     Attributes:
     - `kind` (string): one of `tensor_pre_hook`, `pre_hook`, `post_hook`, `post_acc_grad_hook`,
-      the four places PyTorch's autograd engine calls hooks;
+      the four places PyTorch's autograd engine calls Python hooks, or `cpp_tensor_pre_hook`,
+      the engine's own C++ hooks on a gradient (`retain_grad()` is one);
     - `hook_id` (integer >= 0): the hook's position in the backward's hook list. The runtime
       looks the Python callable up by this id, and compiled artifacts are guarded on the
-      identity of the callable found there;
+      identity of the callable found there. For `cpp_tensor_pre_hook` it is the position in
+      the running backward's table of C++ hooks, which the runtime calls through PyTorch;
     - `body` (symbol, optional): a `func.func` holding the hook's traced body, when the hook
       could be traced. Its signature must equal the hook's operand and result types.
 
     Arity by kind:
-    - `tensor_pre_hook`: one gradient in, one gradient of the same type out;
+    - `tensor_pre_hook`, `cpp_tensor_pre_hook`: one gradient in, one gradient of the same
+      type out;
     - `pre_hook`: a node's N grad_outputs in, N of the same types out;
     - `post_hook`: a node's M grad_inputs followed by its grad_outputs in, M grad_inputs out
       (types equal to the first M operands);
@@ -261,10 +264,10 @@ class HookOp(CAOp):
 
 def _hook_arity(kind: str, ins, outs) -> Optional[str]:
     n_in, n_out = len(ins), len(outs)
-    if kind == "tensor_pre_hook":
+    if kind in ("tensor_pre_hook", "cpp_tensor_pre_hook"):
         if n_in != 1 or n_out != 1:
-            return f"kind 'tensor_pre_hook' takes 1 operand and returns 1 result, got {n_in} -> {n_out}"
-        return _compare_types("tensor_pre_hook result vs operand", outs, ins)
+            return f"kind '{kind}' takes 1 operand and returns 1 result, got {n_in} -> {n_out}"
+        return _compare_types(f"{kind} result vs operand", outs, ins)
     if kind == "pre_hook":
         if n_in != n_out:
             return f"kind 'pre_hook' returns as many results as operands, got {n_in} -> {n_out}"

@@ -256,7 +256,8 @@ class SizeVariants:
         shapes = tuple(tuple(args[i].shape) for i in self.dynamic_args)
         return sizes, shapes
 
-    def __call__(self, args, hooks, callbacks=()):
+    def variant(self, args, hooks):
+        """The program for this call's sizes and hooks, compiled first when there is none."""
         args = list(args)
         key = self._key(args)
         variant = self.variants.get(key)
@@ -264,7 +265,10 @@ class SizeVariants:
             variant = self._compile(key, args, hooks, f"new sizes {list(key[0])}")
         elif variant.guard is not None and not variant.guard.holds(hooks):
             variant = self._compile(key, args, hooks, variant.guard.reason(hooks))
-        return variant.program(args, hooks, callbacks)
+        return variant.program
+
+    def __call__(self, args, hooks, callbacks=()):
+        return self.variant(args, hooks)(args, hooks, callbacks)
 
     def _compile(self, key, args, hooks, reason: str) -> _Variant:
         sizes, shapes = key

@@ -18,11 +18,14 @@ import hashlib
 import time
 
 import torch
+from torch_mlir import ir
 
 from . import effects, logs, pipeline
 from .backends.eager import InterpreterError
 from .cache import Artifact, Artifacts, SizeVariants
+from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, plain_sizes
+from .dialects.ca.ir_helpers import ops_named
 from .errors import UnsupportedError
 from .settings import active_settings
 from .stats import counters
@@ -92,8 +95,14 @@ class CompiledBackward:
                 logs.log.warning("camlir: falling back to PyTorch for this backward: %s", exc)
                 return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
+        program = artifact.program
+        if isinstance(program, SizeVariants):
+            program = program.variant(args, hooks)
+        if settings.fullgraph and getattr(program, "not_native", ""):
+            # fullgraph: the whole backward is compiled code, or an error naming what is not.
+            raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
         with torch.no_grad():
-            results = list(artifact.program(args, hooks))
+            results = list(program(args, hooks))
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results
@@ -151,17 +160,29 @@ class CompiledBackward:
     def _cpu_program(self, module, args, hooks, dump, sizes=None, shapes=None):
         """Native code when the cpu backend can compile the graph; otherwise the reference
         interpreter, which is slower but exact (logged and counted in `interpreted`).
-        Returns the program and the guard on the hooks it inlined."""
+        Returns the program and the guard on the hooks it inlined. A program's `not_native`
+        says what of it is not compiled code, for `fullgraph=True`: the whole program when it is
+        interpreted, and each hook camlir would compile but could not (data-dependent,
+        impure). Kinds camlir always runs in Python (module post hooks, post-accumulate-grad
+        hooks: they exist for their effects in Python) do not count (docs/hooks.md)."""
         try:
-            return pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
+            program, guard = pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
+            kinds = {ir.IntegerAttr(op.attributes["hook_id"]).value: ir.StringAttr(op.attributes["kind"]).value
+                     for op in ops_named(module, "ca.hook")}
+            program.not_native = "; ".join(f"hook {hook_id} stays a Python call ({why})"
+                                           for hook_id, why in sorted(guard.refused.items())
+                                           if kinds.get(hook_id) in TRACED_KINDS)
+            return program, guard
         except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
             if logs.enabled("verbose"):
                 logs.log.info("cpu compile failure of %s in full:\n%s", dump.label, exc)
             counters["interpreted"] += 1
-            logs.log.warning("camlir: the cpu backend cannot compile %s (%s: %s); it runs on the "
-                             "reference interpreter", dump.label, type(exc).__name__,
-                             (str(exc).strip().splitlines() or [""])[0])
-            return self._eager_program(module), None
+            headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            logs.log.warning("camlir: the cpu backend cannot compile %s (%s); it runs on the "
+                             "reference interpreter", dump.label, headline)
+            program = self._eager_program(module)
+            program.not_native = f"the cpu backend could not compile it and interprets it ({headline})"
+            return program, None
 
     def _size_variants(self, module, inputs, sizes) -> SizeVariants:
         """A symbolic capture on the cpu: native code per observed size set, each variant

@@ -15,6 +15,8 @@ silently wrong gradient.
 
 from collections import Counter
 
+import torch
+
 from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 from torch_mlir import ir
 
@@ -34,6 +36,8 @@ def in_captured_graph(gm) -> Counter:
             found[ACCUMULATE] += 1
         elif n.target is call_hook:
             found[n.kwargs.get("hook_type", "?")] += 1
+        elif n.target is torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks:
+            found["cpp_tensor_pre_hook"] += 1
     return found
 
 

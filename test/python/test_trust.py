@@ -116,3 +116,29 @@ def test_equal_gradients_of_two_leaves_do_not_crash_or_alias(each_backend):
     x.grad.add_(1)
     torch.testing.assert_close(y.grad, ey.grad)
     assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0
+
+
+def test_retain_grad_gives_real_tensors_natively(each_backend):
+    for step in range(3):
+        x = torch.randn(3, requires_grad=True)
+        h = x * 3
+        h.retain_grad()
+        with camlir.enable(backend=each_backend):
+            (h * h).sum().backward()
+        assert type(h.grad) is torch.Tensor  # was a FakeTensor from the re-trace
+        torch.testing.assert_close(h.grad, 2 * h.detach())
+        torch.testing.assert_close(x.grad, 18 * x.detach())
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0
+    assert camlir.counters["cache_hits"] == 2
+
+
+def test_fullgraph_refuses_a_hook_it_cannot_compile():
+    x = torch.randn(4, requires_grad=True)
+    x.register_hook(lambda g: g * float(g.sum().item() > 0))  # data-dependent: stays Python
+    with pytest.raises(camlir.UnsupportedError, match=r"hook 0 stays a Python call \(calls .item\(\)"):
+        camlir.compile_backward((x * 2).sum(), fullgraph=True)
+    # Without fullgraph the same backward runs, the hook in Python, with eager's answer.
+    y = torch.randn(4, requires_grad=True)
+    y.register_hook(lambda g: g * float(g.sum().item() > 0))
+    camlir.compile_backward((y * 2).sum())
+    torch.testing.assert_close(y.grad, torch.full((4,), 2.0))

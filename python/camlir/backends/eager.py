@@ -165,6 +165,9 @@ def _hook_handler(op):
             _check_hook_results(rt.hooks[ident], kind, ins, (out,))
             return (out,)
         return tensor_pre
+    if kind == "cpp_tensor_pre_hook":
+        run_cpp_hooks = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks
+        return lambda ins, rt: (run_cpp_hooks(ident, ins[0]),)
     if kind == "pre_hook":
         def pre(ins, rt):
             outs = tuple(call_hook(rt.hooks[ident], list(ins), hook_type=kind))

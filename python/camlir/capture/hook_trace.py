@@ -177,8 +177,8 @@ def trace_hooks(module: ir.Module, hooks, func_name: str = "backward", device: s
             attrs = op.attributes
             kind = ir.StringAttr(attrs["kind"]).value
             hook_id = ir.IntegerAttr(attrs["hook_id"]).value
-            if "body" in attrs:
-                continue
+            if "body" in attrs or kind == "cpp_tensor_pre_hook":
+                continue  # traced already; the engine's own C++ hooks (retain_grad) are not user code
             hook = hooks[hook_id] if 0 <= hook_id < len(hooks) else None
             label = describe_hook(hook) if hook is not None else "<missing>"
             types_in = [v.type for v in op.operands]

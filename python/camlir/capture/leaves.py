@@ -49,6 +49,21 @@ def _(hook_id, grad):
     return torch.empty_like(grad)
 
 
+@torch.library.custom_op("camlir::cpp_tensor_pre_hook", mutates_args=())
+def cpp_tensor_pre_hook(hook_id: int, grad: Tensor) -> Tensor:
+    """`camlir::cpp_tensor_pre_hook`: the autograd engine's C++ hooks on one gradient (what
+    `retain_grad()` registers), number `hook_id` of the running backward; returns the
+    gradient they hand on. Imported as `ca.hook` of kind `cpp_tensor_pre_hook`. Run for real
+    only by a compiled backward: at re-trace time it must not store a fake tensor in `.grad`."""
+    out = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
+    return _unalias(out, [grad])
+
+
+@cpp_tensor_pre_hook.register_fake
+def _(hook_id, grad):
+    return torch.empty_like(grad)
+
+
 @torch.library.custom_op("camlir::pre_hook", mutates_args=())
 def pre_hook(hook_id: int, grads: list[Tensor]) -> list[Tensor]:
     """`camlir::pre_hook`: hook `hook_id` on a node's grad_outputs before it runs
@@ -103,6 +118,7 @@ def _(param, old_grad, grad, has_post_hooks):
 
 LEAF_OPS = {
     "camlir.tensor_pre_hook": "tensor_pre_hook",
+    "camlir.cpp_tensor_pre_hook": "cpp_tensor_pre_hook",
     "camlir.pre_hook": "pre_hook",
     "camlir.post_hook": "post_hook",
     "camlir.post_acc_grad_hook": "post_acc_grad_hook",
@@ -112,5 +128,5 @@ LEAF_OPS = {
 # `.grad`), so FX must never drop one as dead code. torch-mlir's importer runs FX's
 # dead-code elimination when it rewrites `as_strided`, and with the leaves declared pure it
 # deleted every accumulation of such a backward (no gradient at all, no error).
-for _op in (tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, accumulate_grad):
+for _op in (tensor_pre_hook, cpp_tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, accumulate_grad):
     torch.fx.node.has_side_effect(_op._opoverload)

@@ -128,6 +128,8 @@ class _Retracer(fx.Interpreter):
             recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
             grads = recording._forward_cls.backward(recording, *grads)
             return grads if isinstance(grads, tuple) else (grads,)
+        if target is torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks:
+            return torch.ops.camlir.cpp_tensor_pre_hook(int(args[0]), args[1])  # never run at trace time
         if target is call_accumulate_grad:
             param, old_grad, grad, has_post_hooks = args
             torch.ops.camlir.accumulate_grad(param, old_grad, grad, bool(has_post_hooks))
