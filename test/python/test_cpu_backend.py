@@ -210,16 +210,17 @@ def test_traceable_hooks_are_inlined_and_guarded_by_identity():
 
 _MATH_KERNEL = """
 #id = affine_map<(d0) -> (d0)>
-func.func @k(%x: tensor<4001xf32>) -> (tensor<4001xf32>, tensor<4001xf32>) attributes {ca.kernel} {
+func.func @k(%x: tensor<4001xf32>) -> (tensor<4001xf32>, tensor<4001xf32>, tensor<4001xf32>) attributes {ca.kernel} {
   %e = tensor.empty() : tensor<4001xf32>
-  %0:2 = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel"]}
-      ins(%x : tensor<4001xf32>) outs(%e, %e : tensor<4001xf32>, tensor<4001xf32>) {
-  ^bb0(%in: f32, %o1: f32, %o2: f32):
+  %0:3 = linalg.generic {indexing_maps = [#id, #id, #id, #id], iterator_types = ["parallel"]}
+      ins(%x : tensor<4001xf32>) outs(%e, %e, %e : tensor<4001xf32>, tensor<4001xf32>, tensor<4001xf32>) {
+  ^bb0(%in: f32, %o1: f32, %o2: f32, %o3: f32):
     %a = math.exp %in : f32
     %b = math.erf %in : f32
-    linalg.yield %a, %b : f32, f32
-  } -> (tensor<4001xf32>, tensor<4001xf32>)
-  return %0#0, %0#1 : tensor<4001xf32>, tensor<4001xf32>
+    %c = math.tanh %in : f32
+    linalg.yield %a, %b, %c : f32, f32, f32
+  } -> (tensor<4001xf32>, tensor<4001xf32>, tensor<4001xf32>)
+  return %0#0, %0#1, %0#2 : tensor<4001xf32>, tensor<4001xf32>, tensor<4001xf32>
 }
 """
 
@@ -233,13 +234,15 @@ def test_vectorizable_exp_and_erf_are_accurate():
         module = ir.Module.parse(_MATH_KERNEL)
         engine = pipeline.make_native(module, pipeline.Dump("test kernel"))
     spec = abi.TensorSpec((4001,), torch.float32)
-    kernel = abi.Kernel(engine, "k", [spec], [spec, spec])
+    kernel = abi.Kernel(engine, "k", [spec], [spec, spec, spec])
     x = torch.linspace(-100, 100, 4001)
     x[:2001] = torch.linspace(-10, 10, 2001)  # dense where both functions change
-    exp, erf = kernel([x])
+    exp, erf, tanh = kernel([x])
     x64 = x.double()
     torch.testing.assert_close(exp.double(), x64.exp().float().double(), rtol=3e-7, atol=0)
     torch.testing.assert_close(erf.double(), torch.erf(x64), rtol=0, atol=3e-7)
+    torch.testing.assert_close(tanh.double(), torch.tanh(x64), rtol=3e-7, atol=1e-30)
+    assert tanh[x > 9.1].eq(1).all() and tanh[x < -9.1].eq(-1).all()  # saturates exactly, as f32 must
     assert exp[x < -87.4].eq(0).all() and exp[x > 88.8].isinf().all()
 
 
