@@ -226,7 +226,12 @@ class HookOp(CAOp):
       identity of the callable found there. For `cpp_tensor_pre_hook` it is the position in
       the running backward's table of C++ hooks, which the runtime calls through PyTorch;
     - `body` (symbol, optional): a `func.func` holding the hook's traced body, when the hook
-      could be traced. Its signature must equal the hook's operand and result types.
+      could be traced. Its signature must equal the hook's operand and result types;
+    - `none_at`, `none_at_outputs` (arrays of integers, optional; `pre_hook` and
+      `post_hook`): where the hook's gradient list (the grad_outputs of a pre hook, the
+      grad_inputs of a post hook) and a post hook's grad_outputs hold None. Operands and
+      results are the present gradients only; the runtime puts the Nones back before the
+      call, and a hook must leave them None.
 
     Arity by kind:
     - `tensor_pre_hook`, `cpp_tensor_pre_hook`: one gradient in, one gradient of the same
@@ -259,7 +264,8 @@ class HookOp(CAOp):
         if err:
             return err
         ins, outs = _types(op.operands), _types(op.results)
-        return _first_error(_hook_arity(kind, ins, outs), _check_hook_body(op, ins, outs))
+        return _first_error(_hook_arity(kind, ins, outs), _check_hook_body(op, ins, outs),
+                            _check_none_positions(op, kind))
 
 
 def _hook_arity(kind: str, ins, outs) -> Optional[str]:
@@ -282,6 +288,19 @@ def _hook_arity(kind: str, ins, outs) -> Optional[str]:
         return f"kind 'post_acc_grad_hook' takes the parameter and returns nothing, got {n_in} -> {n_out}"
     if not is_tensor(ins[0]):
         return f"kind 'post_acc_grad_hook' operand must be a tensor, got {ins[0]}"
+    return None
+
+
+def _check_none_positions(op, kind: str) -> Optional[str]:
+    for name in ("none_at", "none_at_outputs"):
+        attr = _attr(op, name)
+        if attr is None:
+            continue
+        if kind not in ("pre_hook", "post_hook") or (name == "none_at_outputs" and kind != "post_hook"):
+            return f"'{name}' is only meaningful on {'post_hook' if name == 'none_at_outputs' else 'pre_hook and post_hook'}"
+        if not isinstance(attr, ir.ArrayAttr) or not all(
+                isinstance(a, ir.IntegerAttr) and ir.IntegerAttr(a).value >= 0 for a in attr):
+            return f"'{name}' must be an array of non-negative integers, got {attr}"
     return None
 
 

@@ -25,3 +25,11 @@ func.func @unused_result(%g: !torch.vtensor<[10],f32>) {
   %a = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64} : (!torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
   return
 }
+
+// A pre hook whose second gradient is None: only the present one is an operand.
+// CHECK-LABEL: func.func @none_positions
+// CHECK: "ca.hook"(%{{.*}}) {hook_id = 1 : i64, kind = "pre_hook", none_at = [1]}
+func.func @none_positions(%g: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32> {
+  %0 = "ca.hook"(%g) {hook_id = 1 : i64, kind = "pre_hook", none_at = [1]} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+  return %0 : !torch.vtensor<[2],f32>
+}

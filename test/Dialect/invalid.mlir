@@ -349,3 +349,19 @@ func.func @size_two_sources(%s: !torch.int) {
   %n = "ca.size"(%s, %s) {index = 0 : i64} : (!torch.int, !torch.int) -> !torch.int
   return
 }
+
+// -----
+
+func.func @none_positions_on_tensor_hook(%g: !torch.vtensor<[2],f32>) {
+  // expected-error@+1 {{'none_at' is only meaningful on pre_hook and post_hook}}
+  %0 = "ca.hook"(%g) {hook_id = 0 : i64, kind = "tensor_pre_hook", none_at = [1]} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+  return
+}
+
+// -----
+
+func.func @negative_none_position(%g: !torch.vtensor<[2],f32>) {
+  // expected-error@+1 {{'none_at' must be an array of non-negative integers}}
+  %0 = "ca.hook"(%g) {hook_id = 0 : i64, kind = "pre_hook", none_at = [-1]} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+  return
+}

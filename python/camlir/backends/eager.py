@@ -16,6 +16,7 @@ from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from camlir.capture.leaves import with_nones, without_nones
 from camlir.dialects.ca.ir_helpers import require_func
 
 _INT_TO_DTYPE = {v: k for k, v in TORCH_DTYPE_TO_INT.items()}
@@ -168,18 +169,23 @@ def _hook_handler(op):
     if kind == "cpp_tensor_pre_hook":
         run_cpp_hooks = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks
         return lambda ins, rt: (run_cpp_hooks(ident, ins[0]),)
+    none_at = [ir.IntegerAttr(a).value for a in op.attributes["none_at"]] if "none_at" in op.attributes else []
+    none_at_outputs = ([ir.IntegerAttr(a).value for a in op.attributes["none_at_outputs"]]
+                       if "none_at_outputs" in op.attributes else [])
     if kind == "pre_hook":
         def pre(ins, rt):
-            outs = tuple(call_hook(rt.hooks[ident], list(ins), hook_type=kind))
-            _check_hook_results(rt.hooks[ident], kind, ins, outs)
-            return outs
+            grads = with_nones(list(ins), none_at)
+            outs = tuple(call_hook(rt.hooks[ident], grads, hook_type=kind))
+            _check_hook_results(rt.hooks[ident], kind, grads, outs)
+            return tuple(without_nones(outs, none_at, kind))
         return pre
     if kind == "post_hook":
         def post(ins, rt):
-            outs = tuple(call_hook(rt.hooks[ident], list(ins[:n_results]), list(ins[n_results:]),
-                                   hook_type=kind))
-            _check_hook_results(rt.hooks[ident], kind, ins[:n_results], outs)
-            return outs
+            grad_inputs = with_nones(list(ins[:n_results]), none_at)
+            grad_outputs = with_nones(list(ins[n_results:]), none_at_outputs)
+            outs = tuple(call_hook(rt.hooks[ident], grad_inputs, grad_outputs, hook_type=kind))
+            _check_hook_results(rt.hooks[ident], kind, grad_inputs, outs)
+            return tuple(without_nones(outs, none_at, kind))
         return post
 
     def post_acc_grad(ins, rt):

@@ -192,6 +192,8 @@ def trace_hooks(module: ir.Module, hooks, func_name: str = "backward", device: s
                     raise Refused(f"the backward passes no hook with id {hook_id}")
                 if kind not in TRACED_KINDS:
                     raise Refused(f"{kind} hooks are always called at run time")
+                if "none_at" in attrs:
+                    raise Refused("some of its gradients are None, which a traced body cannot express")
                 specs = [_fake_spec(t) for t in types_in]
                 reads = check_hook(hook)
                 gm = _trace(hook, kind, specs, device)

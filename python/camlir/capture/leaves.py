@@ -64,29 +64,56 @@ def _(hook_id, grad):
     return torch.empty_like(grad)
 
 
+def with_nones(present: list, none_at: list) -> list:
+    """The full gradient list a hook sees: `present` with None at the positions `none_at`
+    (autograd passes None for outputs that got no gradient)."""
+    full, it = [], iter(present)
+    for i in range(len(present) + len(none_at)):
+        full.append(None if i in none_at else next(it))
+    return full
+
+
+def without_nones(full, none_at: list, kind: str) -> list:
+    """A hook's returned list back to the present gradients. A hook that returns a tensor
+    where autograd had None would change the graph's structure: refused loudly."""
+    out = []
+    for i, g in enumerate(full):
+        if i in none_at:
+            if g is not None:
+                raise RuntimeError(f"camlir: a {kind} returned a gradient at position {i}, where autograd "
+                                   f"had None; camlir cannot run that backward")
+        else:
+            out.append(g)
+    return out
+
+
 @torch.library.custom_op("camlir::pre_hook", mutates_args=())
-def pre_hook(hook_id: int, grads: list[Tensor]) -> list[Tensor]:
+def pre_hook(hook_id: int, grads: list[Tensor], none_at: list[int]) -> list[Tensor]:
     """`camlir::pre_hook`: hook `hook_id` on a node's grad_outputs before it runs
-    (`Node.register_prehook`); returns as many gradients. Imported as `ca.hook`."""
-    out = call_hook(_hook(hook_id), grads, hook_type="pre_hook")
-    return [_unalias(o, grads) for o in out]
+    (`Node.register_prehook`); `grads` are the present ones, None sits at `none_at`.
+    Returns the present gradients the hook hands on. Imported as `ca.hook`."""
+    out = call_hook(_hook(hook_id), with_nones(grads, none_at), hook_type="pre_hook")
+    return [_unalias(o, grads) for o in without_nones(out, none_at, "pre_hook")]
 
 
 @pre_hook.register_fake
-def _(hook_id, grads):
+def _(hook_id, grads, none_at):
     return [torch.empty_like(g) for g in grads]
 
 
 @torch.library.custom_op("camlir::post_hook", mutates_args=())
-def post_hook(hook_id: int, grad_inputs: list[Tensor], grad_outputs: list[Tensor]) -> list[Tensor]:
-    """`camlir::post_hook`: hook `hook_id` after a node ran (`Node.register_hook`); returns
-    the grad_inputs to use, one per grad_input. Imported as `ca.hook` of kind `post_hook`."""
-    out = call_hook(_hook(hook_id), grad_inputs, grad_outputs, hook_type="post_hook")
-    return [_unalias(o, grad_inputs + grad_outputs) for o in out]
+def post_hook(hook_id: int, grad_inputs: list[Tensor], grad_outputs: list[Tensor],
+              none_at: list[int], none_at_outputs: list[int]) -> list[Tensor]:
+    """`camlir::post_hook`: hook `hook_id` after a node ran (`Node.register_hook`); the
+    present grad_inputs and grad_outputs, with None at `none_at` / `none_at_outputs`.
+    Returns the present grad_inputs to use. Imported as `ca.hook` of kind `post_hook`."""
+    out = call_hook(_hook(hook_id), with_nones(grad_inputs, none_at),
+                    with_nones(grad_outputs, none_at_outputs), hook_type="post_hook")
+    return [_unalias(o, grad_inputs + grad_outputs) for o in without_nones(out, none_at, "post_hook")]
 
 
 @post_hook.register_fake
-def _(hook_id, grad_inputs, grad_outputs):
+def _(hook_id, grad_inputs, grad_outputs, none_at, none_at_outputs):
     return [torch.empty_like(g) for g in grad_inputs]
 
 

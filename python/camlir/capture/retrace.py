@@ -90,6 +90,14 @@ def node_label(n: fx.Node) -> str:
     return n.name
 
 
+def _nones(grads) -> list:
+    return [i for i, g in enumerate(grads) if g is None]
+
+
+def _present(grads) -> list:
+    return [g for g in grads if g is not None]
+
+
 class _Retracer(fx.Interpreter):
     """Runs the captured graph on fake tensors, routing hooks and accumulation to leaves;
     what custom Functions' backwards read from `ctx` goes through the lift-or-guard rule
@@ -116,9 +124,13 @@ class _Retracer(fx.Interpreter):
             if kind == "tensor_pre_hook":
                 return torch.ops.camlir.tensor_pre_hook(i, args[1])
             if kind == "pre_hook":
-                return torch.ops.camlir.pre_hook(i, list(args[1]))
+                none_at = _nones(args[1])
+                out = torch.ops.camlir.pre_hook(i, _present(args[1]), none_at)
+                return leaves.with_nones(out, none_at)
             if kind == "post_hook":
-                return torch.ops.camlir.post_hook(i, list(args[1]), list(args[2]))
+                none_at, none_at_outputs = _nones(args[1]), _nones(args[2])
+                out = torch.ops.camlir.post_hook(i, _present(args[1]), _present(args[2]), none_at, none_at_outputs)
+                return leaves.with_nones(out, none_at)
             if kind == "post_acc_grad_hook":
                 torch.ops.camlir.post_acc_grad_hook(i, args[1])
                 return args[1]

@@ -130,14 +130,15 @@ def _constant_int(value: ir.Value) -> int:
 def _list_elements(value: ir.Value) -> list:
     owner = value.owner
     if not isinstance(owner, ir.OpView) or owner.operation.name != "torch.prim.ListConstruct":
-        raise ImportError_(f"expected a list of tensors, got {value}")
+        raise ImportError_(f"expected a list, got {value}")
     return list(owner.operation.operands)
 
 
 def _unpack_results(list_value: ir.Value) -> list:
-    """The `torch.prim.ListUnpack` ops reading a hook's list result."""
+    """The `torch.prim.ListUnpack` ops reading a hook's list result (none when nothing reads
+    it, e.g. a post hook on AccumulateGrad, whose grad_inputs list is empty)."""
     unpacks = [u.owner for u in list_value.uses]
-    if not unpacks or any(u.name != "torch.prim.ListUnpack" for u in unpacks):
+    if any(u.name != "torch.prim.ListUnpack" for u in unpacks):
         raise ImportError_("a hook's list result is used other than by torch.prim.ListUnpack")
     return unpacks
 
@@ -170,9 +171,14 @@ def _convert_hook(op: ir.Operation, kind: str) -> None:
         args = _list_elements(operands[1])
         if kind == "post_hook":
             args += _list_elements(operands[2])
+            none_at = [_constant_int(v) for v in _list_elements(operands[3])]
+            none_at_outputs = [_constant_int(v) for v in _list_elements(operands[4])]
+        else:
+            none_at = [_constant_int(v) for v in _list_elements(operands[2])]
+            none_at_outputs = []
         unpacks = _unpack_results(op.results[0])
-        result_types = [r.type for r in unpacks[0].results]
-        new = build.hook(kind, hook_id, args, result_types)
+        result_types = [r.type for r in unpacks[0].results] if unpacks else []
+        new = build.hook(kind, hook_id, args, result_types, none_at=none_at, none_at_outputs=none_at_outputs)
     for unpack in unpacks:
         for old, res in zip(unpack.results, new.results):
             old.replace_all_uses_with(res)
