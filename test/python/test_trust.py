@@ -162,7 +162,7 @@ def test_hooks_with_none_gradients_compile_natively(each_backend, kind):
         else:  # a post hook on AccumulateGrad (empty grad_inputs) and a post-accumulate hook
             acc = (x * 1).grad_fn.next_functions[0][0]
             acc.register_hook(lambda gi, go: seen.append(len(gi)))
-            x.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(-1) and None)
+            x.register_post_accumulate_grad_hook(lambda p: [p.grad.mul_(-1)] and None)
         loss = (a * a).sum()
         if enable:
             with camlir.enable(backend=each_backend):
