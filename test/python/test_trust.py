@@ -177,3 +177,36 @@ def test_hooks_with_none_gradients_compile_natively(each_backend, kind):
     torch.testing.assert_close(run(True), expected)
     assert seen == eager_seen  # the hook saw the same Nones
     assert camlir.counters["fallbacks"] == 0
+
+
+def test_backward_inside_a_compiled_function_compiles_natively(each_backend, caplog):
+    # The seed's pattern: `@torch.compile def train(...): ... loss.backward()`, and
+    # `torch.compile(lambda: loss.backward())()`. Dynamo must not trace camlir's machinery.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x = torch.randn(5, 4)
+
+    @torch.compile(backend="aot_eager")
+    def train(x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    with caplog.at_level(logging.WARNING, logger="camlir"):
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            with camlir.enable(backend=each_backend):
+                train(x)
+            for p, e in zip(model.parameters(), expected):
+                torch.testing.assert_close(p.grad, e)
+        model.zero_grad(set_to_none=True)
+        loss = model(x).sum()
+        with camlir.enable(backend=each_backend):
+            torch.compile(lambda: loss.backward(), backend="aot_eager")()
+        for p, e in zip(model.parameters(), expected):
+            torch.testing.assert_close(p.grad, e)
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0, caplog.text
+    assert camlir.counters["compiles"] >= 1
+    torch._dynamo.reset()

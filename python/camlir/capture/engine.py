@@ -82,7 +82,7 @@ def _compiler_fn(gm):
     return _the_compiler()(gm, take_reasons())
 
 
-def _camlir_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
                      grad_variables=None, inputs=None):
     settings = active_settings()
     if settings is None or create_graph or getattr(_local, "inside", False):
@@ -102,6 +102,14 @@ def _camlir_backward(tensors, grad_tensors=None, retain_graph=None, create_graph
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     finally:
         _local.inside = False
+
+
+# camlir's capture and compile machinery must never be traced by Dynamo: inside a
+# `torch.compile`d function that calls `loss.backward()`, Dynamo would otherwise trace into
+# this wrapper and, from there, into the compiler itself (torch-mlir's importer, MLIR
+# bindings), breaking it. Disabled, the call is a graph break that runs as plain Python,
+# and the backward compiles natively as anywhere else.
+_camlir_backward = torch._dynamo.disable(_camlir_backward_impl, recursive=True)
 
 
 def reset() -> None:
