@@ -15,16 +15,23 @@ class PrepareKernelABI(CAPass):
     bufferization: arguments are read-only (`bufferization.writable = false`: inputs are
     the user's saved tensors and gradients, and one-shot bufferization would otherwise
     reuse an input's buffer for a result), the function is public with a C interface
-    (`_mlir_ciface_<name>`, taking one memref descriptor per argument).
+    (`_mlir_ciface_<name>`, taking one memref descriptor per argument), and boolean tensors
+    cross the boundary as bytes: an `i1` argument becomes `i8` (`arith.trunci` inside), an
+    `i1` result is returned as `i8` (`arith.extui`). Why: a torch bool is one byte per
+    element, and so is a scalar `i1` load, but the vectorizer's `vector<8xi1>` load reads
+    8 packed bits: `torch.where` backwards read their mask wrong (found by the fuzzer).
 
     Before:
     ```mlir
-    func.func private @k(%a: tensor<4xf32>) -> tensor<4xf32> attributes {ca.kernel} {...}
+    func.func private @k(%a: tensor<4xf32>, %m: tensor<4xi1>) -> tensor<4xf32> attributes {ca.kernel} {...}
     ```
     After:
     ```mlir
-    func.func @k(%a: tensor<4xf32> {bufferization.writable = false}) -> tensor<4xf32>
-        attributes {ca.kernel, llvm.emit_c_interface} {...}
+    func.func @k(%a: tensor<4xf32> {bufferization.writable = false},
+                 %m: tensor<4xi8> {bufferization.writable = false}) -> tensor<4xf32>
+        attributes {ca.kernel, llvm.emit_c_interface} {
+      %0 = arith.trunci %m : tensor<4xi8> to tensor<4xi1>
+      ...
     ```
     """
 
@@ -32,11 +39,67 @@ class PrepareKernelABI(CAPass):
     summary = "Make ca.kernel functions public C-interface functions with read-only arguments"
 
     def run(self, module: ir.Operation) -> None:
-        with module.context:
+        with module.context, ir.Location.unknown():
             false = ir.BoolAttr.get(False)
             for fn in funcs(module, is_kernel):
+                _bools_as_bytes(fn)
                 n = len(fn.regions[0].blocks[0].arguments)
                 fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
                     [ir.DictAttr.get({"bufferization.writable": false}) for _ in range(n)])
                 fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
                 fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
+
+
+def _bool_tensor(t: ir.Type) -> bool:
+    return str(t).startswith("tensor<") and str(ir.RankedTensorType(t).element_type) == "i1"
+
+
+def _read_as_byte_in_loop(user, operand_number: int) -> bool:
+    """When `user` is a linalg.generic reading the operand as an input, its loop body takes
+    the byte and truncates it itself, so no i1 buffer ever exists for it."""
+    if user.name != "linalg.generic":
+        return False
+    n_inputs = len(user.operands) - len(user.results)
+    if operand_number >= n_inputs:
+        return False
+    body = user.regions[0].blocks[0]
+    element = body.arguments[operand_number]
+    uses = list(element.uses)
+    element.set_type(ir.IntegerType.get_signless(8))
+    with ir.InsertionPoint(list(body.operations)[0]):
+        bit = ir.Operation.create("arith.trunci", results=[ir.IntegerType.get_signless(1)],
+                                  operands=[element]).results[0]
+    for use in uses:
+        use.owner.operands[use.operand_number] = bit
+    return True
+
+
+def _as_bytes(t: ir.Type) -> ir.Type:
+    return ir.RankedTensorType.get(ir.RankedTensorType(t).shape, ir.IntegerType.get_signless(8))
+
+
+def _bools_as_bytes(fn: ir.Operation) -> None:
+    block = fn.regions[0].blocks[0]
+    first = list(block.operations)[0]
+    for arg in block.arguments:
+        if not _bool_tensor(arg.type):
+            continue
+        uses = list(arg.uses)
+        bool_type = arg.type
+        arg.set_type(_as_bytes(bool_type))
+        as_bool = None
+        for use in uses:
+            if _read_as_byte_in_loop(use.owner, use.operand_number):
+                continue
+            if as_bool is None:  # any other reader gets the mask as a tensor of i1
+                with ir.InsertionPoint(first):
+                    as_bool = ir.Operation.create("arith.trunci", results=[bool_type], operands=[arg]).results[0]
+            use.owner.operands[use.operand_number] = as_bool
+    ret = list(block.operations)[-1].operation
+    for i, value in enumerate(list(ret.operands)):
+        if _bool_tensor(value.type):
+            with ir.InsertionPoint(ret):
+                ret.operands[i] = ir.Operation.create("arith.extui", results=[_as_bytes(value.type)],
+                                                      operands=[value]).results[0]
+    fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+        [a.type for a in block.arguments], [v.type for v in ret.operands]))

@@ -52,7 +52,7 @@ from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
 from camlir.context import make_context
 from camlir.dialects.ca import verify_or_raise
-from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, require_func
+from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, ops_named, require_func
 from camlir.passes import build_pass_manager, parse_pipeline
 from camlir.passes.specialize_layouts import format_perms
 
@@ -212,6 +212,7 @@ def bufferize(kernel_module: ir.Module, dump: Dump) -> None:
     the runtime allocates with torch; temporaries freed."""
     run_stage("bufferize", kernel_module, [
         "ca-prepare-kernel-abi",
+        "func.func(convert-elementwise-to-linalg)",  # bool/byte casts the ABI left on tensors
         "canonicalize",  # drops transposes that the transpose fold left without users
         "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}",
         "canonicalize", "cse",
@@ -260,6 +261,7 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     start = dump.previous
     try:
         run_stage("loops", trial, _VECTOR_LOOPS, dump)
+        _no_bool_vectors(trial)
         run_stage("llvm", trial, _TO_LLVM, dump)
         return trial
     except StageError as exc:
@@ -268,6 +270,16 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     run_stage("loops", kernel_module, _SCALAR_LOOPS, dump)
     run_stage("llvm", kernel_module, _TO_LLVM, dump)
     return kernel_module
+
+
+def _no_bool_vectors(module: ir.Module) -> None:
+    """Refuses vector code that reads or writes an i1 buffer: LLVM stores `vector<8xi1>` as
+    8 packed bits while a scalar i1 takes a byte, so such a loop reads masks wrong (a
+    `torch.where` backward gave wrong gradients). Scalar loops are then used instead."""
+    for op in ops_named(module, "vector.transfer_read", "vector.transfer_write"):
+        buffer = op.operands[0] if op.name == "vector.transfer_read" else op.operands[1]
+        if str(buffer.type).startswith("memref<") and str(ir.MemRefType(buffer.type).element_type) == "i1":
+            raise StageError("loops", "vector access to an i1 buffer (LLVM packs vector<Nxi1> into bits)")
 
 
 def make_native(kernel_module: ir.Module, dump: Dump):

@@ -210,3 +210,27 @@ def test_backward_inside_a_compiled_function_compiles_natively(each_backend, cap
     assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0, caplog.text
     assert camlir.counters["compiles"] >= 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["leaky_relu", "where_mask"])
+def test_fuzzer_found_wrong_gradients(each_backend, name):
+    # leaky_relu: torch-mlir lowered its backward as the forward's shape (camlir decomposes
+    # it). where_mask: a bool mask read by 8-wide vector loads as packed bits (booleans now
+    # cross the kernel boundary as bytes). Both were silent, both found by the fuzzer.
+    torch.manual_seed(0)
+    x = torch.randn(5, 9, requires_grad=True)
+    y = torch.randn(5, 9, requires_grad=True)
+    w = torch.randn(5, 9)
+    fns = {
+        "leaky_relu": lambda: (torch.nn.functional.leaky_relu(x, 0.1) * w).sum(),
+        "where_mask": lambda: (torch.where(torch.cat([x, y], 1) > 0, torch.cat([x, y], 1), 1.0).sum(1) * w[:, 0]).sum(),
+    }
+    fns[name]().backward()
+    expected = (x.grad.clone(), None if y.grad is None else y.grad.clone())
+    x.grad = y.grad = None
+    with camlir.enable(backend=each_backend):
+        fns[name]().backward()
+    torch.testing.assert_close(x.grad, expected[0])
+    if expected[1] is not None:
+        torch.testing.assert_close(y.grad, expected[1])
+    assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0

@@ -47,6 +47,9 @@ _DECOMPOSED = [
     aten.native_group_norm_backward,
     aten.mse_loss_backward,
     aten.smooth_l1_loss_backward,
+    # LeakyReluBackward0: torch-mlir lowers it WRONG (as `min(0, x) * slope + max(0, grad)`,
+    # the forward's shape, not `grad * (x > 0 ? 1 : slope)`); found by the program fuzzer.
+    aten.leaky_relu_backward,
 ]
 
 
