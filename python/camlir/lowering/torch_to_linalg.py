@@ -35,6 +35,7 @@ from torch_mlir.passmanager import PassManager
 from camlir.dialects.ca.ir_helpers import aten_name, ops_matching
 
 from .dynamic_dims import pin_results, refine_transpose_inputs
+from .negative_dims import normalize_negative_dims
 from .tm_tensor import lower_tm_tensor
 
 # Ops that stay outside the JIT kernels and are called through torch at run time.
@@ -129,6 +130,7 @@ def lower_to_linalg(module: ir.Module) -> None:
     if externs:
         raise LoweringError("input check", [aten_name(op) for op in externs],
                             "these ops are extern: call them through torch", stamps.of_ops(externs))
+    normalize_negative_dims(module)
     refine_transpose_inputs(module)
     pin_results(module)
     try:
