@@ -250,3 +250,20 @@ def test_sort_backward_does_not_crash(each_backend):
             (torch.sort(x, dim=-1)[0] * w).sum().backward()
         torch.testing.assert_close(x.grad, expected)
     assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0
+
+
+def test_embedding_of_a_single_index_does_not_hang(each_backend):
+    # A 0-d index made torch-mlir's lowering of the embedding backward loop forever (found
+    # by the OpInfo run); the decomposition now sees a 1-d index.
+    torch.manual_seed(0)
+    w = torch.randn(10, 5, requires_grad=True)
+    for idx in (torch.tensor(5), torch.tensor([5, 5, 2])):
+        loss = lambda: (torch.nn.functional.embedding(idx, w) * torch.arange(5.0)).sum()  # noqa: E731
+        loss().backward()
+        expected = w.grad.clone()
+        w.grad = None
+        with camlir.enable(backend=each_backend):
+            loss().backward()
+        torch.testing.assert_close(w.grad, expected)
+        w.grad = None
+    assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0

@@ -65,10 +65,23 @@ def _gelu_backward(grad, x, approximate="none"):
     return gelu_backward(grad, x, approximate=approximate)
 
 
+def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """EmbeddingBackward0 with the indices made at least 1-d: from a 0-d index (one looked-up
+    row, `F.embedding(torch.tensor(5), w)`), PyTorch's decomposition builds an index_put
+    that torch-mlir's lowering loops on forever (a hang, found by the OpInfo run)."""
+    from torch._decomp.decompositions import embedding_dense_backward
+
+    if indices.dim() == 0:
+        indices = indices.reshape(1)
+        grad = grad.reshape(1, grad.shape[-1])
+    return embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+
 @functools.cache
 def decomposition_table() -> dict:
     """OpOverload -> decomposition, for `make_fx(..., decomposition_table=...)` (shared: do
     not modify)."""
     table = get_decompositions(_DECOMPOSED)
     table[aten.gelu_backward.default] = _gelu_backward
+    table[aten.embedding_dense_backward.default] = _embedding_dense_backward
     return table
