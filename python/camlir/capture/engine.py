@@ -82,18 +82,32 @@ def _compiler_fn(gm):
     return _the_compiler()(gm, take_reasons())
 
 
+# PyTorch's compiled autograd is one per process: a second compiled backward starting on
+# another thread while one runs fails ("Trying to run compiled autograd within another
+# compiled autograd call", and a later "Nested Compiled Autograd Contexts" assertion). So
+# camlir's backward calls take turns; each is still compiled and exact. (Measured: four
+# threads, each training its own model, failed three of four before; all exact now.)
+_one_at_a_time = threading.Lock()
+
+
 def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
                      grad_variables=None, inputs=None):
     settings = active_settings()
-    if settings is None or create_graph or getattr(_local, "inside", False):
+    if getattr(_local, "inside", False):  # a backward inside a hook of a compiled backward
         return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
                                   grad_variables, inputs=inputs)
+    if settings is None or create_graph:
+        # Left to PyTorch; it still takes its turn, since a compiled backward running on
+        # another thread would capture it too.
+        with _one_at_a_time:
+            return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
+                                      grad_variables, inputs=inputs)
     # Checked before the autograd engine starts: an exception raised from inside compiled
     # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
     _the_compiler()
     _local.inside = True
     try:
-        with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
+        with _one_at_a_time, ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
             torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
             try:
                 return _original_backward(tensors, grad_tensors, retain_graph, create_graph,

@@ -166,12 +166,18 @@ class Retraced:
     shape_env: Any = None
     placeholders: list = field(default_factory=list)
     value_guard: ValueGuard = field(default_factory=ValueGuard)
+    static_shapes: dict = field(default_factory=dict)  # input index -> shape traced as static
 
     def guards_hold(self, inputs, sizes) -> bool:
         """Whether this trace is valid for a call with `inputs` and plain int `sizes`
-        (always for a static trace)."""
+        (always for a static trace). Parameters were traced with static shapes, which the
+        shape environment does not guard: another model with the same structure reaches the
+        same capture, so their shapes are compared here."""
         if not self.symbolic:
             return True
+        for i, shape in self.static_shapes.items():
+            if tuple(inputs[i].shape) != shape:
+                return False
         return bool(self.shape_env.evaluate_guards_for_args(self.placeholders, list(inputs) + list(sizes)))
 
 
@@ -246,4 +252,6 @@ def _retrace_symbolic(run, inputs, sizes, scalars) -> Retraced:
     if _has_mutations(traced):
         traced = make_fx(_functionalized(traced), tracing_mode="symbolic",
                          decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
-    return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes)
+    static = {i: tuple(t.shape) for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
+    return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes,
+                    static_shapes=static)
