@@ -2,6 +2,10 @@
 
     python test/python/gen_op_coverage.py            # rewrites docs/op-coverage.md
     python test/python/gen_op_coverage.py --stdout   # prints it instead
+    python test/python/gen_op_coverage.py --opinfo-only   # only the OpInfo section, from the JSON
+
+The last section, "OpInfo differential run", is rendered from docs/opinfo-run.json, the
+JSON of a full run of test/python/opinfo_diff.py (see that section for the command).
 
 Measured, not declared: every backward of lowering_cases.py (the zoo and the single-op
 cases) is captured through camlir; each aten op of each node is then lowered alone, in a
@@ -266,12 +270,130 @@ def render(routes, decomposed, gaps) -> str:
     return "\n".join(lines) + "\n"
 
 
+OPINFO_JSON = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "opinfo-run.json")
+OPINFO_HEADING = "## OpInfo differential run"
+
+
+def _cell(text, limit=300) -> str:
+    text = " ".join(str(text).removeprefix("falling back to PyTorch for this backward: ").split())
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return text.replace("|", "\\|")
+
+
+def render_opinfo(report: dict) -> str:
+    """The "OpInfo differential run" section from the JSON that opinfo_diff.py wrote."""
+    from collections import Counter
+
+    summary, results = report["summary"], report["results"]
+    samples, ops = summary["samples"], summary["ops"]
+    routes = ("native", "host-op", "fallback", "interpreted", "WRONG", "CRASH")
+    lines = [
+        OPINFO_HEADING, "",
+        "Every OpInfo of PyTorch's `op_db` with float32 autograd on the CPU, its backward run through",
+        "camlir and compared with eager by `test/python/opinfo_diff.py` (gradients of every leaf,",
+        f"`assert_close(rtol={report['rtol']}, atol={report['atol']})`, loss `sum((out * w).sum())` with fixed random `w`).",
+        "Generated from `docs/opinfo-run.json` by `python test/python/gen_op_coverage.py --opinfo-only`;",
+        "`test/python/test_opinfo_subset.py` runs a fixed subset of common ops in CI.",
+        "",
+        f"- command: `{report['command'].strip()}`",
+        f"- started {report['date']} at commit {report['commit']}"
+        + (f" (the work tree was at {report['commit_end']} when it ended)"
+           if report.get("commit_end", report["commit"]) != report["commit"] else "")
+        + f"; torch {report['torch']}; backend `{report['backend']}`",
+        f"- at most {report['samples_per_op']} samples per op (the first ones `sample_inputs` gives that have a",
+        f"  tensor requiring grad); wall time {report['wall_seconds'] / 60:.1f} min on the 2-core development machine",
+        "",
+        f"**Native share: {summary['native_share']:.3f}** ({samples['native']} of {summary['tested_samples']} tested samples"
+        f" ran all-native kernels); compiled share (native + host-op): {summary['compiled_share']:.3f};"
+        f" ops whose every sample is native: {ops['native']} of {summary['tested_ops']} ({summary['native_share_ops']:.3f}).",
+        "",
+        "Routes, worst first for an op (an op counts under its worst sample):",
+        "- **WRONG**: a gradient differs from eager, or one side has a gradient the other has not;",
+        "- **CRASH**: the backward raised through camlir, the process died (segfault, abort) or a",
+        "  sample ran past the time limit;",
+        "- **fallback**: camlir gave the graph back to PyTorch (`counters[\"fallbacks\"]`, the warning's reason);",
+        "- **interpreted**: the cpu backend could not compile it and ran the reference interpreter;",
+        "- **host-op**: compiled, with some aten ops kept in the host function and run through torch;",
+        "- **native**: compiled, every aten op inside native kernels.",
+        "",
+        "Rerun one op with `python test/python/opinfo_diff.py --ops OP`, one sample in process (camlir's",
+        "logs on) with `--repro OP:INDEX`; INDEX is the sample's position in `op.sample_inputs`.",
+        "",
+        "| route | samples | ops |", "|---|---|---|",
+    ]
+    for r in routes:
+        lines.append(f"| {r} | {samples[r]} | {ops[r]} |")
+    lines.append(f"| skipped (not tested) | {summary['skipped_samples']} | {ops['skipped']} |")
+
+    def listed(route):
+        rows = []
+        for res in results:
+            hits = [s for s in res["samples"] if s["route"] == route]
+            if not hits and res["route"] == route and not res["samples"]:
+                hits = [{"index": "?", "sample": "", "reason": res.get("reason", "")}]
+            for s in hits:
+                reason = s.get("reason", "")
+                if route == "WRONG" and "max_abs_error" in s:
+                    reason += f" (max abs error {s['max_abs_error']:.3g}" + \
+                        ("; passes at 10x the tolerance)" if s.get("tolerance_only") else ")")
+                rows.append(f"| `{res['op']}` | {s['index']}: {_cell(s.get('sample', ''))} | {_cell(reason)} |")
+        return rows
+
+    for route, title in (("WRONG", "WRONG: gradients that differ from eager"),
+                         ("CRASH", "CRASH"),
+                         ("fallback", "Fallbacks to PyTorch"),
+                         ("interpreted", "Interpreted (the cpu backend could not compile)")):
+        rows = listed(route)
+        lines += ["", f"### {title}", ""]
+        lines += (["| op | sample | reason |", "|---|---|---|"] + rows) if rows else ["None."]
+
+    host = {}
+    for res in results:
+        for s in res["samples"]:
+            if s["route"] == "host-op":
+                for name in s.get("host_ops", []):
+                    host.setdefault(name, set()).add(res["op"])
+    lines += ["", "### Aten ops kept on the host (host-op samples)", "",
+              "| aten op | OpInfo ops |", "|---|---|"]
+    for name in sorted(host, key=lambda n: (-len(host[n]), n)):
+        lines.append(f"| `{name}` | {len(host[name])}: {', '.join(sorted(host[name]))} |")
+
+    skipped = Counter()
+    for res in results:
+        if res["route"] == "skipped" and not res["samples"]:
+            skipped[res.get("reason", "")] += 1
+        for s in res["samples"]:
+            if s["route"] == "skipped":
+                skipped[s["reason"].split(":")[0]] += 1
+    lines += ["", "### Skipped, by reason", "",
+              "Samples (or whole ops, when none of their samples could be tested) left out of the counts.", ""]
+    if not skipped:
+        lines.append("None.")
+    else:
+        lines += ["| reason | count |", "|---|---|"]
+        lines += [f"| {_cell(reason)} | {n} |" for reason, n in skipped.most_common()]
+    return "\n".join(lines) + "\n"
+
+
+def opinfo_section() -> str:
+    if not os.path.exists(OPINFO_JSON):
+        return ""
+    import json
+    with open(OPINFO_JSON) as f:
+        return "\n" + render_opinfo(json.load(f))
+
+
 def main(argv) -> int:
-    text = render(*measure(), measure_gaps())
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "op-coverage.md")
+    if "--opinfo-only" in argv:  # keep the measured sections, replace the OpInfo one
+        with open(path) as f:
+            text = f.read().split("\n" + OPINFO_HEADING)[0].rstrip("\n") + "\n" + opinfo_section()
+    else:
+        text = render(*measure(), measure_gaps()) + opinfo_section()
     if "--stdout" in argv:
         sys.stdout.write(text)
     else:
-        path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "op-coverage.md")
         with open(path, "w") as f:
             f.write(text)
         print(f"wrote {path}")
