@@ -45,6 +45,29 @@ def default_extern_ops() -> frozenset:
     return frozenset(EXTERN_OPS) | SLOW_WHEN_LOWERED
 
 
+# Ops taking (self, indices, ...) whose lowering hangs on a boolean mask index.
+_INDEX_PUTS = ("aten.index_put", "aten.index_put_", "aten._unsafe_index_put", "aten._index_put_impl",
+               "aten._index_put_impl_", "aten.index", "aten._unsafe_index")
+
+
+def hangs_or_crashes_the_lowering(op: ir.Operation) -> bool:
+    """Ops that torch-mlir's lowering does not fail on but hangs or crashes the process on,
+    by their operands (an error would move them to the host by itself; these must never
+    reach it). Found by the OpInfo differential run:
+    - an index or index_put with a boolean mask index (`x[mask]`, `x[mask] = v` and their
+      backwards; the result's size depends on the data): loops forever;
+    - a scatter into a 0-d tensor (`median(x, dim=-1)` of a 0-d x): LLVM out of memory."""
+    name = torch_op_name(op).rsplit(".", 1)
+    base = name[0] if len(name) == 2 and name[0] in _INDEX_PUTS else torch_op_name(op)
+    if base in _INDEX_PUTS and len(op.operands) > 1:
+        indices = op.operands[1].owner
+        if isinstance(indices, ir.OpView) and indices.operation.name == "torch.prim.ListConstruct":
+            return any(str(v.type).endswith(",i1>") for v in indices.operation.operands)
+    if torch_op_name(op).startswith("aten.scatter") and op.operands:
+        return str(op.operands[0].type).startswith("!torch.vtensor<[]")
+    return False
+
+
 def is_cloneable(op: ir.Operation) -> bool:
     """Whether `op` is a constant or a list construction: what the host keeps and clones
     into each kernel that reads it, rather than passing it as a kernel argument."""
@@ -128,7 +151,8 @@ def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -
             continue
         if is_cloneable(op) and not _reads_tensors(op):
             continue  # a list of tensors is compute: it goes where its tensors are
-        if op.name in _BARRIERS or HOST_ATTR in op.attributes or torch_op_name(op) in extern:
+        if (op.name in _BARRIERS or HOST_ATTR in op.attributes or torch_op_name(op) in extern
+                or hangs_or_crashes_the_lowering(op)):
             kernels += _outline(module, host, segment, number + len(kernels))
             segment = []
             continue
@@ -141,6 +165,11 @@ def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -
 def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -> list:
     """Moves `ops` (in block order) into a new kernel; returns [kernel], or [] when the
     run was dead and erased."""
+    # A list of tensors that only host ops read stays on the host: kernels return tensors,
+    # never lists (the index of a mask moved to the host takes its indices as a list).
+    members = set(ops)
+    ops = [op for op in ops if not (op.name in _CLONEABLE and op.results
+                                    and all(u.owner not in members for u in op.results[0].uses))]
     if not ops:
         return []
     members = set(ops)

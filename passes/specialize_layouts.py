@@ -86,7 +86,17 @@ class SpecializeLayouts(CAPass):
                 ir.FunctionType.get([a.type for a in block.arguments], list(function_type(fn).results)))
 
 
+def needs_identity(arg: ir.Value) -> bool:
+    """True when a `ca` op uses the argument itself: `ca.accumulate_grad` writes the `.grad`
+    of that very tensor and a hook is handed it. A permuted view would get the `.grad`
+    instead (the leaf's gradient lost: found by the OpInfo differential run)."""
+    return any(u.owner.name in ("ca.accumulate_grad", "ca.hook") for u in arg.uses)
+
+
 def _permute_argument(arg: ir.Value, perm: tuple, block: ir.Block, fn: ir.Operation) -> None:
+    if needs_identity(arg):
+        raise PassFailure("argument is used as itself by a ca op (accumulation or hook); it cannot "
+                          "be passed as a permuted view", fn)
     old_type = str(arg.type)
     if not old_type.startswith("!torch.vtensor<[") or "?" in old_type:
         raise PassFailure(f"argument of type {old_type} is not a statically shaped value tensor", fn)

@@ -51,18 +51,28 @@ def tensor_sig(t: ir.Type) -> Optional[TensorSig]:
         return None
     if m.group(2) is None:
         return TensorSig(None, None)
-    body = m.group(2)
-    dims_txt, _, dtype = body.rpartition(",")
-    dims_txt = dims_txt.strip()
-    if dims_txt == "*":
-        shape = None
+    body = m.group(2).strip()
+    # `[4,?],f32`, `*,f32`, and with a sparse encoding after the dtype `[5,5],f32,#sparse`
+    if body.startswith("*"):
+        shape, rest = None, body[1:]
+    elif body.startswith("[") and "]" in body:
+        inner, rest = body[1:].split("]", 1)
+        shape = tuple(None if d.strip() == "?" else int(d) for d in inner.split(",")) if inner.strip() else ()
     else:
-        inner = dims_txt.strip("[]").strip()
-        shape = tuple(
-            None if d.strip() == "?" else int(d) for d in inner.split(",")
-        ) if inner else ()
-    dtype = dtype.strip()
+        return TensorSig(None, None)
+    dtype = _first_top_level_item(rest.lstrip(","))
     return TensorSig(shape, _TORCH_DTYPES.get(dtype, dtype) if dtype != "unk" else None)
+
+
+def _first_top_level_item(text: str) -> str:
+    """`complex<f32>,#enc` -> `complex<f32>`: up to the first comma outside angle brackets."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "," and depth == 0:
+            return text[:i].strip()
+    return text.strip()
 
 
 def is_tensor(t: ir.Type) -> bool:

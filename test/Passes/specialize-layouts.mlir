@@ -13,3 +13,4 @@ func.func @backward(%w: !torch.vtensor<[4,3],f32>, %p: !torch.vtensor<[4,3],f32>
   "ca.accumulate_grad"(%p, %0) : (!torch.vtensor<[4,3],f32>, !torch.vtensor<[4,3],f32>) -> ()
   return
 }
+

@@ -303,3 +303,37 @@ def test_backward_from_several_threads_is_exact():
     # Models of one structure but other parameter shapes share a capture; a symbolic
     # artifact traced with one model's parameters must not serve another's.
     assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0
+
+
+def _transposed_leaf():
+    torch.manual_seed(0)
+    return torch.randn(5, 3).t().detach().requires_grad_()
+
+
+_CRASHERS = {
+    # each killed the process (SIGFPE, SIGSEGV, abort) or hung before; found by the OpInfo run
+    "empty_view": lambda: (lambda a: (a, lambda: a.view(0, 25).sum()))(torch.randn(0, 5, 5, requires_grad=True)),
+    "fft": lambda: (lambda a: (a, lambda: (torch.view_as_real(torch.fft.rfft(a)) ** 2).sum()))(
+        torch.randn(8, requires_grad=True)),
+    "circular_pad_empty": lambda: (lambda a: (a, lambda: torch.nn.functional.pad(a, (1, 2), mode="circular").sum()))(
+        torch.randn(0, 3, 3, requires_grad=True)),
+    "bool_mask_index_put": lambda: (lambda a, v, m: (a, lambda: (torch.index_put(a, (m,), v) ** 2).sum()))(
+        torch.randn(5, 5, requires_grad=True), torch.randn(5), torch.tensor([True, False, True, False, True])),
+    "median_0d": lambda: (lambda a: (a, lambda: torch.median(a, dim=-1).values.sum()))(torch.randn((), requires_grad=True)),
+    # a transposed leaf: the layouts stage handed accumulation a permuted view (grad lost)
+    "transposed_leaf": lambda: (lambda a, w: (a, lambda: (a * w).sum()))(_transposed_leaf(), torch.randn(3, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(_CRASHERS))
+def test_opinfo_found_crashes_and_lost_gradients(each_backend, name):
+    torch.manual_seed(0)
+    leaf, loss = _CRASHERS[name]()
+    loss().backward()
+    expected = leaf.grad.clone()
+    leaf.grad = None
+    with camlir.enable(backend=each_backend):
+        loss().backward()
+    assert leaf.grad is not None, "the leaf got no gradient"
+    torch.testing.assert_close(leaf.grad, expected)
+    assert camlir.counters["fallbacks"] == 0
