@@ -6,6 +6,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import func
 
 from camlir.dialects.ca.ir_helpers import find_func, func_name, funcs, is_inside, live_values, next_op, torch_op_name
+from camlir.dialects.ca.types import tensor_sig
 
 from .base import CAPass, PassFailure
 
@@ -56,7 +57,15 @@ def hangs_or_crashes_the_lowering(op: ir.Operation) -> bool:
     reach it). Found by the OpInfo differential run:
     - an index or index_put with a boolean mask index (`x[mask]`, `x[mask] = v` and their
       backwards; the result's size depends on the data): loops forever;
-    - a scatter into a 0-d tensor (`median(x, dim=-1)` of a 0-d x): LLVM out of memory."""
+    - a scatter into a 0-d tensor (`median(x, dim=-1)` of a 0-d x): LLVM out of memory;
+    - an op on or making a tensor with no elements (`a.view(0, 25)`, `pad` of an empty
+      batch): SIGFPE in the lowering or the JIT; on the host it costs nothing;
+    - an op on complex tensors (the FFT family): SIGSEGV in the lowering."""
+    for value in list(op.operands) + list(op.results):
+        sig = tensor_sig(value.type)
+        if sig is not None and ((sig.shape is not None and 0 in sig.shape)
+                                or (sig.dtype or "").startswith("complex")):
+            return True
     name = torch_op_name(op).rsplit(".", 1)
     base = name[0] if len(name) == 2 and name[0] in _INDEX_PUTS else torch_op_name(op)
     if base in _INDEX_PUTS and len(op.operands) > 1:

@@ -52,9 +52,7 @@ from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
 from camlir.context import make_context
 from camlir.dialects.ca import verify_or_raise
-from camlir.dialects.ca.ir_helpers import (func_name, funcs, function_type, is_kernel, ops_matching, ops_named,
-                                           require_func)
-from camlir.dialects.ca.types import tensor_sig
+from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, ops_named, require_func
 from camlir.passes import build_pass_manager, parse_pipeline
 from camlir.passes.specialize_layouts import format_perms, needs_identity
 
@@ -286,22 +284,6 @@ def _no_bool_vectors(module: ir.Module) -> None:
             raise StageError("loops", "vector access to an i1 buffer (LLVM packs vector<Nxi1> into bits)")
 
 
-def _refuse_what_crashes_the_lowering(module: ir.Module) -> None:
-    """Zero-element tensors (a SIGFPE inside torch-mlir's lowering or the JIT: `a.view(0,
-    25)`, `pad` of an empty batch) and complex tensors (a SIGSEGV: the FFT family) kill the
-    process instead of failing, so such a graph is refused before any pass runs; it is then
-    interpreted, exactly. Found by the OpInfo differential run."""
-    for op in ops_matching(module, lambda op: True):
-        for value in list(op.results) + [a for r in op.regions for b in r.blocks for a in b.arguments]:
-            sig = tensor_sig(value.type)
-            if sig is None:
-                continue
-            if sig.shape is not None and 0 in sig.shape:
-                raise StageError("specialize", f"a tensor with no elements ({value.type}) in {op.name}")
-            if sig.dtype is not None and sig.dtype.startswith("complex"):
-                raise StageError("specialize", f"a complex tensor ({value.type}) in {op.name}")
-
-
 def make_native(kernel_module: ir.Module, dump: Dump):
     """math, bufferize, blas, loops, llvm, jit: a module of linalg-on-tensors kernels (changed
     in place) to an ExecutionEngine with a `_mlir_ciface_<name>` entry per kernel."""
@@ -326,7 +308,6 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         work = ir.Module.parse(str(module))
         if sizes is not None:
             specialize(work, sizes, shapes or {}, dump)
-        _refuse_what_crashes_the_lowering(work)
         # After specialization: tracing needs static shapes, so a symbolic capture's hooks
         # are traced per size set.
         guard = trace_hooks(work, hooks, device="cpu")
