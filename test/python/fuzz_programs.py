@@ -5,6 +5,7 @@ compared with eager PyTorch, gradient for gradient and hook call for hook call.
     python test/python/fuzz_programs.py --seeds 0:50 --modes camlir_eager
     python test/python/fuzz_programs.py --show 17        # the program of seed 17, standalone
     python test/python/fuzz_programs.py --reduce 17 --modes camlir_cpu   # drop what is not needed
+    python test/python/fuzz_programs.py --seeds 762 --modes camlir_cpu,compiled_autograd  # PyTorch's own?
 
 `generate(seed)` builds a `Program` deterministically from the seed: the Python source of a
 small model (parameters, inputs, a forward of 3-12 ops drawn from `OPS`, hooks of every
@@ -20,7 +21,8 @@ step. `check(seed)` compares camlir's backends with eager and classifies the pro
 - WRONG: a gradient or hook-log entry differs, or one is missing or extra (the worst);
 - CRASH: camlir raised where eager did not, or the process died or hung (the CLI runs the
   programs in worker subprocesses, so a segfault is recorded and the run goes on);
-- invalid: eager itself raised (a program the generator should not have made; not camlir's).
+- invalid: eager itself raised or crashed the process (the generator's fault or PyTorch's,
+  not camlir's).
 
 docs/fuzzing.md describes the long runs and what they found; test_fuzz_seeds.py runs a
 fixed seed set in CI.
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 
 RTOL, ATOL = 1e-4, 1e-5
 MODES = ("camlir_cpu", "camlir_eager")
@@ -963,7 +966,9 @@ class _Gen:
             ("lambda g: None", "pure"),
             (f"lambda g: log.append(('t{h}', g.sum().item()))", "impure"),
             (f"lambda g: log.append(('t{h}', g.abs().sum().item())) or g * 2.0", "impure"),
-            ("lambda g: g * (0.5 if g.sum().item() > 0 else 2.0)", "data"),
+            # data-dependent, on a value rounding cannot flip (a gradient's sum can be 0 up
+            # to rounding, e.g. through a softmax: its sign would be noise)
+            ("lambda g: g * (0.5 if g.abs().max().item() > 0.3 else 2.0)", "data"),
         ]
         return self.r.choice(forms)
 
@@ -1112,9 +1117,11 @@ def load(program: Program) -> dict:
     filename = f"<fuzz program {program.seed}>"
     src = program.source
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    ns = {"__name__": f"fuzz_program_{program.seed}"}
-    exec(compile(src, filename, "exec"), ns)  # noqa: S102 - our own generated code
-    return ns
+    module = types.ModuleType(f"fuzz_program_{program.seed}")
+    module.__file__ = filename
+    sys.modules[module.__name__] = module  # Dynamo looks functions' modules up
+    exec(compile(src, filename, "exec"), module.__dict__)  # noqa: S102 - our own generated code
+    return module.__dict__
 
 
 class _Collect(logging.Handler):
@@ -1132,15 +1139,21 @@ def _clone(t):
     return t.detach().clone()
 
 
+_ON_RUN = []  # callbacks told (seed, mode) before each run (the CLI's workers)
+
+
 def run(program: Program, mode: str) -> list:
     """Runs the program for `program.steps` steps in `mode` ("eager", "camlir_cpu",
-    "camlir_eager", or "eager64": eager on the same values in float64, the reference that
-    tells float32 rounding from a wrong gradient) and returns, per step,
+    "camlir_eager"; "eager64": eager on the same values in float64, the reference that
+    tells float32 rounding from a wrong gradient; "compiled_autograd": PyTorch's compiled
+    autograd with no compiler, to tell camlir's bugs from PyTorch's) and returns, per step,
     {"grads": {name: tensor or None}, "log": [...]}."""
     import torch
 
     import camlir
 
+    for on_run in _ON_RUN:
+        on_run(program.seed, mode)
     ns = load(program)
     with _default_dtype(program.dtype):
         return _run_steps(program, mode, ns)
@@ -1178,7 +1191,13 @@ def _run_steps(program, mode, ns):
         if mode == "eager64":
             X = {k: x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x
                  for k, x in X.items()}
-        scope = contextlib.nullcontext() if mode.startswith("eager") else camlir.enable(backend=BACKEND_OF[mode])
+        if mode.startswith("eager"):
+            scope = contextlib.nullcontext()
+        elif mode == "compiled_autograd":  # PyTorch's own, with no compiler: is a bug camlir's?
+            from torch._dynamo import compiled_autograd
+            scope = compiled_autograd._enable(lambda gm: gm)
+        else:
+            scope = camlir.enable(backend=BACKEND_OF[mode])
         with scope:
             R = ns["train_step"](P, M, X, step)
         grads = {}
@@ -1371,9 +1390,6 @@ def _short_reason(message: str) -> str:
 def check(seed: int, modes=MODES) -> dict:
     """Generates the program of `seed`, runs it eagerly and in each camlir mode, and
     classifies each mode. Runs in this process (the CLI adds the subprocess isolation)."""
-    import torch
-
-    torch.set_num_threads(1)
     program = generate(seed)
     result = {"seed": seed, "description": program.description(), "features": program.features, "modes": {}}
     _reset(program)
@@ -1399,7 +1415,9 @@ def check(seed: int, modes=MODES) -> dict:
 def _worker(seeds, modes):
     """Runs in a subprocess: one JSON line per event on stdout."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch  # noqa: F401 - import before the first "begin", so startup is not a program's time
+    import torch  # import before the first "begin", so startup is not a program's time
+
+    torch.set_num_threads(1)
 
     import camlir  # noqa: F401
 
@@ -1407,6 +1425,11 @@ def _worker(seeds, modes):
     logging.getLogger("camlir").propagate = False
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # programs and libraries print to stderr; stdout is ours
+
+    def on_mode(seed, mode):  # so that a process that dies is known to have died in eager or camlir
+        real_stdout.write(json.dumps({"mode": mode}) + "\n")
+        real_stdout.flush()
+    _ON_RUN[:] = [on_mode]
     for seed in seeds:
         real_stdout.write(json.dumps({"begin": seed}) + "\n")
         real_stdout.flush()
@@ -1433,7 +1456,7 @@ def run_batch(seeds, modes=MODES, timeout=300, jobs=1, progress=None):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", ",".join(map(str, chunk)),
                "--modes", ",".join(modes)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        return {"proc": proc, "todo": list(chunk), "current": None, "since": time.time(), "buf": ""}
+        return {"proc": proc, "todo": list(chunk), "current": None, "mode": None, "since": time.time()}
 
     for chunk in chunks:
         w = start(chunk)
@@ -1450,8 +1473,9 @@ def run_batch(seeds, modes=MODES, timeout=300, jobs=1, progress=None):
                 workers.remove(w)
                 if w["current"] is not None:
                     seed = w["current"]
-                    results[seed] = {"seed": seed, "class": "CRASH", "modes": {},
-                                     "detail": f"the process died (exit status {rc})",
+                    in_eager = (w["mode"] or "eager").startswith("eager")  # eager's own crash: not camlir's
+                    results[seed] = {"seed": seed, "class": "invalid" if in_eager else "CRASH", "modes": {},
+                                     "detail": f"the process died in {w['mode']} (exit status {rc})",
                                      "description": generate(seed).description(),
                                      "features": generate(seed).features}
                     if progress:
@@ -1464,7 +1488,10 @@ def run_batch(seeds, modes=MODES, timeout=300, jobs=1, progress=None):
             msg = json.loads(line)
             if "begin" in msg:
                 w["current"] = msg["begin"]
+                w["mode"] = None
                 w["since"] = time.time()
+            elif "mode" in msg:
+                w["mode"] = msg["mode"]
             else:
                 results[msg["seed"]] = msg
                 w["current"] = None
@@ -1637,8 +1664,8 @@ def _classify_isolated(program, mode):
         return "CRASH"
     finally:
         os.unlink(f.name)
-    if proc.returncode != 0:
-        return "CRASH"
+    if proc.returncode != 0:  # died: in eager (not camlir's) or after it
+        return "CRASH" if "eager ran" in proc.stdout else "invalid"
     return proc.stdout.strip().splitlines()[-1]
 
 
@@ -1668,6 +1695,7 @@ def _classify_main(path, mode):
     except Exception:  # noqa: BLE001
         print("invalid")
         return
+    print("eager ran", flush=True)
     res = run_mode(program, mode, eager, reference(program))
     print(res["detail"], file=sys.stderr)
     print(res["class"])
