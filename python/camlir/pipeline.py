@@ -140,10 +140,29 @@ def make_ca(retraced: Retraced, dump: Dump, expected_effects=None) -> ir.Module:
     With `expected_effects` (`effects.in_captured_graph` of the capture), checks that every
     accumulation and hook made it into the module."""
     module = import_graph(retraced.graph.graph, make_context())
+    strided = _strided_views_of_strided_tensors(retraced.graph)
+    if strided:
+        with module.context:
+            module.operation.attributes["ca.layout_sensitive"] = ir.StringAttr.get(strided)
     dump("import", module)
     if expected_effects is not None:
         effects.check(expected_effects, effects.in_module(module), f"{dump.label}, stage 'import'")
     return module
+
+
+def _strided_views_of_strided_tensors(gm) -> str:
+    """Why the graph depends on physical strides ("" when it does not): an `as_strided`
+    (or its scatter) of a tensor that is not contiguous, e.g. the backward of an in-place
+    update through a view of a transposed result. The reference interpreter runs torch ops,
+    which keep those strides; compiled kernels make every tensor contiguous, so the same
+    storage offsets would pick other elements (wrong gradients, found by the fuzzer)."""
+    targets = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in targets and n.args:
+            val = getattr(n.args[0], "meta", {}).get("val")
+            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                return f"{n.target.name()} of a tensor with strides {tuple(val.stride())}"
+    return ""
 
 
 def make_eager(module: ir.Module) -> EagerProgram:
@@ -306,6 +325,10 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
         work = ir.Module.parse(str(module))
+        if "ca.layout_sensitive" in work.operation.attributes:
+            why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
+            raise StageError("import", f"the backward reads physical strides ({why}); kernels assume "
+                                       f"contiguous tensors")
         if sizes is not None:
             specialize(work, sizes, shapes or {}, dump)
         # After specialization: tracing needs static shapes, so a symbolic capture's hooks

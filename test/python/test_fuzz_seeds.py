@@ -38,10 +38,6 @@ FOUND = [
 
 # seed -> the camlir bug it still hits (the reason of its strict xfail)
 OPEN_BUGS = {
-    54: "in-place through a view of a transposed-strides result scatters the gradient by a contiguous layout (cpu)",
-    1761: "in-place through a view of a transposed-strides result scatters the gradient by a contiguous layout (cpu)",
-    482: "bfloat16 sums in cpu kernels accumulate in bfloat16, eager in float32",
-    1094: "bfloat16 sums in cpu kernels accumulate in bfloat16, eager in float32",
     762: "compiled step with a data-dependent tensor hook and a node pre hook: StopIteration in "
          "compiled_autograd.reorder_pre_hook_nodes_to_mimic_eager",
     1449: "compiled step with node pre hooks: StopIteration in compiled_autograd.reorder_pre_hook_nodes_to_mimic_eager",
@@ -123,7 +119,7 @@ def test_leaky_relu_backward(backend):
                                     lambda: [torch.randn(5, 3, requires_grad=True)], backend))
 
 
-@pytest.mark.parametrize("backend", backends(OPEN_BUGS[54]))
+@pytest.mark.parametrize("backend", backends())
 def test_inplace_through_a_view_of_a_transposed_result(backend):
     """(Fuzz seed 54.) `p.t() * 2` keeps the transposed strides of `p.t()` in eager; an
     in-place update through a view of it (CopySlices) must scatter the gradient by those
@@ -142,7 +138,7 @@ def test_inplace_through_a_view_of_a_transposed_result(backend):
                                                  torch.randn(3, 4, requires_grad=True)], backend))
 
 
-@pytest.mark.parametrize("backend", backends(OPEN_BUGS[482]))
+@pytest.mark.parametrize("backend", backends())
 def test_bfloat16_reduction_accuracy(backend):
     """(Fuzz seed 482.) The gradient of a broadcast bf16 parameter is a sum over the batch;
     eager accumulates it in float32, so must camlir: its error against float64 stays within

@@ -77,6 +77,24 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
     return embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _sum_dim(x, dim=None, keepdim=False, *, dtype=None):
+    """A bf16/f16 sum accumulates in float32, as eager's kernels do: torch-mlir's lowering
+    accumulates in the element type, and a 2,000-row bf16 bias gradient was off by 6.1
+    where eager's error is 0.13 (found by the fuzzer)."""
+    if dtype is not None or x.dtype not in _LOW_PRECISION:
+        return NotImplemented
+    return aten.sum.dim_IntList(x, dim, keepdim, dtype=torch.float32).to(x.dtype)
+
+
+def _sum(x, *, dtype=None):
+    if dtype is not None or x.dtype not in _LOW_PRECISION:
+        return NotImplemented
+    return aten.sum.default(x, dtype=torch.float32).to(x.dtype)
+
+
 @functools.cache
 def decomposition_table() -> dict:
     """OpOverload -> decomposition, for `make_fx(..., decomposition_table=...)` (shared: do
@@ -84,4 +102,6 @@ def decomposition_table() -> dict:
     table = get_decompositions(_DECOMPOSED)
     table[aten.gelu_backward.default] = _gelu_backward
     table[aten.embedding_dense_backward.default] = _embedding_dense_backward
+    table[aten.sum.dim_IntList] = _sum_dim
+    table[aten.sum.default] = _sum
     return table
