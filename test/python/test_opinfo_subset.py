@@ -37,8 +37,10 @@ SAMPLE_TIMEOUT = 30   # seconds; a sample compiles in about a second
 KNOWN_BUG_TIMEOUT = 10  # a known hang costs this much, and a fixed one still passes (XPASS)
 # Native share (native samples / tested samples) of this subset, measured at
 # NATIVE_MEASURED; the floor leaves a margin for one or two ops changing route.
-NATIVE_MEASURED = 1.0   # 93 of 93 samples, 2026-12-01
-NATIVE_FLOOR = 0.95
+# Samples with empty tensors run those ops on the host by design (they crashed torch-mlir
+# and cost nothing in torch), so they count as host-op here.
+NATIVE_MEASURED = 0.914   # 85 of 93 samples, 2026-12-01 (the other 8: empty-tensor samples)
+NATIVE_FLOOR = 0.88
 
 
 @pytest.fixture(scope="module")
