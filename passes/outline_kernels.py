@@ -66,8 +66,8 @@ def hangs_or_crashes_the_lowering(op: ir.Operation) -> bool:
         if sig is not None and ((sig.shape is not None and 0 in sig.shape)
                                 or (sig.dtype or "").startswith("complex")):
             return True
-    name = torch_op_name(op).rsplit(".", 1)
-    base = name[0] if len(name) == 2 and name[0] in _INDEX_PUTS else torch_op_name(op)
+    name = torch_op_name(op)
+    base = name if name in _INDEX_PUTS else name.rsplit(".", 1)[0]  # without the overload
     if base in _INDEX_PUTS and len(op.operands) > 1:
         indices = op.operands[1].owner
         if isinstance(indices, ir.OpView) and indices.operation.name == "torch.prim.ListConstruct":

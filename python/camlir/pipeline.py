@@ -36,7 +36,7 @@ Every stage is dumpable, the same way:
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch

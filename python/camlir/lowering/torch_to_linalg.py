@@ -27,8 +27,6 @@ their diagnostics. `LoweringError.sources` lists those positions, so a caller ca
 very ops that failed out of its kernels (ca-lower-to-linalg does).
 """
 
-from typing import Optional
-
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 

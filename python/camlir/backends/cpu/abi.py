@@ -11,7 +11,8 @@ time; a call only writes two pointers per tensor and calls the packed entry poin
 about 94 us per array; this path costs well under a microsecond per tensor.
 
 Inputs must be contiguous with the expected shape and dtype: the host program guarantees it
-(the variant was specialised on the first call's layouts, see `host.py`).
+(the variant was specialised on the first call's layouts: `ca-specialize-layouts`, and
+`CpuProgram` passes permuted views).
 """
 
 import ctypes
