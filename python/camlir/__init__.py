@@ -5,6 +5,7 @@
     with camlir.enable(backend="cpu"):       # every backward in the scope ("eager": reference)
         loss.backward()
     camlir.config.enabled = True             # every backward in the process
+    camlir.explain()                         # why each capture and compile happened
 
 The PyTorch-facing API is loaded on first use, so the MLIR tools (`ca-opt`) start without
 importing torch.
@@ -20,7 +21,7 @@ _LAZY = {
     # "config" loads api (which re-exports it) so that the capture engine is registered and
     # has its compiler: `camlir.config.enabled = True` alone must patch backward.
     "config": "api", "counters": "stats", "UnsupportedError": "errors",
-    "set_logs": "logs", "make_context": "context",
+    "set_logs": "logs", "make_context": "context", "explain": "events", "explain_text": "events",
 }
 __all__ = sorted(_LAZY)
 

@@ -6,9 +6,9 @@ to find an artifact that still fits:
 
 - `Artifact`: one compiled program with what it assumes (backend, the re-trace's shape
   guards, the hook guard); `Artifacts.find` is the lookup each backward call makes.
-- `SizeVariants`: a symbolic capture's cpu code, compiled once per observed size set
-  (static shapes are what let the loops vectorize and the descriptors be built once); each
-  variant carries the hook guard of its own trace (hooks are traced after specialization).
+- `SizeVariants`: a symbolic capture's cpu code: one program with dynamic sizes, or (where
+  that cannot be compiled, or with `dynamic=False`) one per observed size set; each carries
+  the hook guard of its own trace (hooks are traced after specialization).
 - `HookGuard`: what inlined hook bodies assume about the hooks list.
 - `ValueGuard`: the Python values a re-trace baked in, read again from the objects the
   engine passes in the hooks list (a custom Function's `ctx`); see capture/baked_values.py.
@@ -35,7 +35,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Artifact", "Artifacts", "HookGuard", "SizeVariants", "ValueGuard", "describe_hook"]
+__all__ = ["Artifact", "Artifacts", "HookGuard", "RecompileLimitReached", "SizeVariants", "ValueGuard",
+           "describe_hook"]
 
 
 def describe_hook(hook) -> str:
@@ -229,24 +230,41 @@ class _Variant:
     guard: Any  # HookGuard of this variant's hook trace, or None
 
 
-class SizeVariants:
-    """A symbolic capture's cpu code: one variant per observed size set.
+class RecompileLimitReached(RuntimeError):
+    """Raised by the driver's compile gate when a graph has compiled `recompile_limit`
+    programs and needs another; the driver then runs that graph uncompiled."""
 
-    `compile_variant(sizes, shapes, args, hooks) -> (program, hook_guard)` compiles one
-    (`camlir.pipeline.make_cpu` with the sizes); `fallback()` builds the reference
-    interpreter for a size set whose compile failed. `on_compile(reason)` is told each
-    compile and why, so the caller can count and log it. The key is the lifted sizes plus
-    the shapes of the arguments with dynamic dims; a variant whose hook guard fails is
-    compiled again for the new hooks.
+
+class SizeVariants:
+    """A symbolic capture's cpu code: one program with dynamic sizes, or one per size set.
+
+    With `dynamic` (the default once sizes have changed), the first call compiles one
+    program whose kernels take their sizes at run time (`compile_dynamic(args, hooks) ->
+    (program, hook_guard)`), and every later size set the trace's guards accept runs it: N
+    sizes cost one compile. Where that compile fails (an op the dynamic lowering refuses),
+    or without `dynamic`, each size set gets a program with its sizes as constants
+    (`compile_variant(sizes, shapes, args, hooks) -> (program, hook_guard)`; static shapes
+    let the loops vectorize fully). `fallback()` builds the reference interpreter for a size
+    set whose compile failed.
+
+    Every compile goes through `compiling(what, reason, old, new, build) -> build()`, the
+    driver's gate, which counts, times, records and limits it (it raises
+    `RecompileLimitReached`, which passes through). The specialised key is the lifted
+    sizes plus the shapes of the arguments with dynamic dims; a program whose hook guard
+    fails is compiled again for the new hooks.
     """
 
-    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, fallback, on_compile=None):
+    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, compile_dynamic, fallback, compiling):
         self.n_inputs = n_inputs
         self.dynamic_args = dynamic_args
         self.compile_variant = compile_variant
+        self.compile_dynamic = compile_dynamic
         self.fallback = fallback
-        self.on_compile = on_compile or (lambda reason: None)
+        self.compiling = compiling
         self.variants: dict = {}
+        self.dynamic = None           # _Variant of the dynamic-size program, once compiled
+        self.dynamic_error = ""       # why it could not be compiled ("" : not tried or fine)
+        self.last_sizes = None
         self.kernels: dict = {}
         self.compile_seconds = 0.0
         self.lowered_text = ""
@@ -256,34 +274,68 @@ class SizeVariants:
         shapes = tuple(tuple(args[i].shape) for i in self.dynamic_args)
         return sizes, shapes
 
-    def variant(self, args, hooks):
+    def variant(self, args, hooks, dynamic: bool = False):
         """The program for this call's sizes and hooks, compiled first when there is none."""
         args = list(args)
         key = self._key(args)
+        if dynamic and not self.dynamic_error:
+            program = self._dynamic_program(key, args, hooks)
+            if program is not None:
+                return program
         variant = self.variants.get(key)
         if variant is None:
-            variant = self._compile(key, args, hooks, f"new sizes {list(key[0])}")
+            variant = self._compile(key, args, hooks, "sizes", "new sizes", self.last_sizes, list(key[0]))
         elif variant.guard is not None and not variant.guard.holds(hooks):
-            variant = self._compile(key, args, hooks, variant.guard.reason(hooks))
+            variant = self._compile(key, args, hooks, "hooks", variant.guard.reason(hooks), None, None)
         return variant.program
 
     def __call__(self, args, hooks, callbacks=()):
         return self.variant(args, hooks)(args, hooks, callbacks)
 
-    def _compile(self, key, args, hooks, reason: str) -> _Variant:
-        sizes, shapes = key
-        self.on_compile(reason)
+    def _dynamic_program(self, key, args, hooks):
+        if self.dynamic is not None and (self.dynamic.guard is None or self.dynamic.guard.holds(hooks)):
+            return self.dynamic.program
+        if self.dynamic is None:
+            what, reason = "sizes", "sizes change: one program with dynamic sizes"
+        else:
+            what, reason = "hooks", self.dynamic.guard.reason(hooks)
         try:
-            program, guard = self.compile_variant(list(sizes), dict(zip(self.dynamic_args, shapes)), args, hooks)
-            self.compile_seconds += getattr(program, "compile_seconds", 0.0)
-            self.kernels.update(getattr(program, "kernels", {}))
-            self.lowered_text = getattr(program, "lowered_text", self.lowered_text)
-        except Exception as exc:  # noqa: BLE001 - same remedy for every failure: interpret
+            program, guard = self.compiling(what, reason, None, list(key[0]),
+                                            lambda: self.compile_dynamic(args, hooks))
+        except RecompileLimitReached:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: specialise per size set instead
             from camlir import logs
 
-            logs.log.warning("camlir: native code for sizes %s failed (%s); the reference "
-                             "interpreter runs them", list(sizes), str(exc).splitlines()[0])
-            program, guard = self.fallback(), None
+            self.dynamic_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            logs.log.warning("camlir: no dynamic-size code for this graph (%s); each size set is "
+                             "compiled with its sizes as constants", self.dynamic_error)
+            return None
+        self._note(program)
+        self.dynamic = _Variant(program, guard)
+        return program
+
+    def _note(self, program) -> None:
+        self.compile_seconds += getattr(program, "compile_seconds", 0.0)
+        self.kernels.update(getattr(program, "kernels", {}))
+        self.lowered_text = getattr(program, "lowered_text", self.lowered_text)
+
+    def _compile(self, key, args, hooks, what: str, reason: str, old, new) -> _Variant:
+        sizes, shapes = key
+
+        def build():
+            try:
+                return self.compile_variant(list(sizes), dict(zip(self.dynamic_args, shapes)), args, hooks)
+            except Exception as exc:  # noqa: BLE001 - same remedy for every failure: interpret
+                from camlir import logs
+
+                logs.log.warning("camlir: native code for sizes %s failed (%s); the reference "
+                                 "interpreter runs them", list(sizes), str(exc).splitlines()[0])
+                return self.fallback(), None
+
+        program, guard = self.compiling(what, reason, old, new, build)
+        self._note(program)
+        self.last_sizes = list(sizes)
         variant = _Variant(program, guard)
         self.variants[key] = variant
         return variant

@@ -8,6 +8,9 @@ captured graph serves `enable(backend=...)` scopes with different settings.
 
 Counters tell the truth: `compiles` counts every program built (each size set of a
 symbolic capture included), and a call is a `cache_hit` only when nothing was compiled.
+Every capture and compile is recorded with its reason and cost (`camlir.explain()`,
+`CA_LOGS=recompiles`). A graph that needs more than `config.recompile_limit` programs
+warns once, with the reasons, and runs uncompiled from then on (`fullgraph=True` raises).
 
 When camlir cannot handle a graph, `fullgraph=True` raises `UnsupportedError` naming the
 node or op; otherwise PyTorch runs the captured graph itself (logged, counted in
@@ -20,14 +23,14 @@ import time
 import torch
 from torch_mlir import ir
 
-from . import effects, logs, pipeline
+from . import effects, events, logs, pipeline
 from .backends.eager import InterpreterError
-from .cache import Artifact, Artifacts, SizeVariants
+from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, plain_sizes
 from .dialects.ca.ir_helpers import ops_named
 from .errors import UnsupportedError
-from .settings import active_settings
+from .settings import active_settings, config
 from .stats import counters
 
 _seen_graphs = set()
@@ -42,6 +45,7 @@ def forget_graphs() -> None:
     _seen_graphs.clear()
     _compiled.clear()
     _capture_count[0] = 0
+    events.forget()
 
 
 def captured_graphs() -> list:
@@ -66,12 +70,16 @@ class CompiledBackward:
         self.reasons = reasons
         self.artifacts = Artifacts()
         self.fallback_reason = None
+        self.compiles = 0       # programs built for this graph, checked against the limit
+        self.compile_log = []   # their reasons, for the recompile-limit warning
+        self._miss = None       # (what, reason) of the last guard that failed in a lookup
+        self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
-        if logs.enabled("recompiles"):
-            why = "; ".join(reasons) if reasons else "first backward"
-            logs.log.info("capture %d: %s", self.capture_id, why)
+        what, new = events.capture_cause(reasons)
+        events.record(events.Event(self.capture_id, "capture", "; ".join(reasons) or "first backward",
+                                   what, new=new))
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         settings = active_settings()
@@ -83,21 +91,23 @@ class CompiledBackward:
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         compiles_before = counters["compiles"]
         sizes_ = plain_sizes(sizes)
-        artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
-        if artifact is None:
-            try:
+        try:
+            artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
+            if artifact is None:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
-            except UnsupportedError as exc:
-                if settings.fullgraph:
-                    raise
-                self.fallback_reason = str(exc)
-                counters["fallbacks"] += 1
-                logs.log.warning("camlir: falling back to PyTorch for this backward: %s", exc)
-                return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
-        args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
-        program = artifact.program
-        if isinstance(program, SizeVariants):
-            program = program.variant(args, hooks)
+            args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
+            program = artifact.program
+            if isinstance(program, SizeVariants):
+                program = program.variant(args, hooks, dynamic=settings.dynamic is not False)
+        except (UnsupportedError, RecompileLimitReached) as exc:
+            if settings.fullgraph:
+                raise UnsupportedError(str(exc)) from exc
+            self.fallback_reason = str(exc)
+            counters["fallbacks"] += 1
+            kind = "recompile_limit" if isinstance(exc, RecompileLimitReached) else "fallback"
+            events.record(events.Event(self.capture_id, kind, str(exc)))
+            logs.log.warning("camlir: graph %d runs uncompiled from now on: %s", self.capture_id, exc)
+            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
@@ -107,11 +117,44 @@ class CompiledBackward:
             counters["cache_hits"] += 1
         return results
 
+    def compiling(self, what: str, reason: str, old, new, build):
+        """The gate every compile of this graph goes through: refuses past
+        `config.recompile_limit` (raising `RecompileLimitReached` with every reason so far),
+        else runs `build()`, counts it, and records it with what it cost."""
+        self._check_limit(reason)
+        start = time.perf_counter()
+        result = build()
+        seconds = time.perf_counter() - start + self._pending_seconds
+        self._pending_seconds = 0.0
+        self.compiles += 1
+        counters["compiles"] += 1
+        self.compile_log.append(reason if new is None else f"{reason} {new}")
+        events.record(events.Event(self.capture_id, "compile", reason, what, old, new, seconds))
+        return result
+
+    def _check_limit(self, reason: str) -> None:
+        limit = config.recompile_limit
+        if self.compiles >= limit:
+            reasons = "; ".join(self.compile_log + [reason])
+            raise RecompileLimitReached(
+                f"graph {self.capture_id} reached camlir.config.recompile_limit={limit} compiles (raise "
+                f"the limit, or enable(dynamic=True)); their reasons: {reasons}")
+
     def _log_miss(self, reason: str) -> None:
-        if logs.enabled("recompiles"):
-            logs.log.info("capture %d recompiles: %s", self.capture_id, reason)
+        what = "hooks" if reason.startswith("hook") else "ctx value"
+        self._miss = (what, reason)
 
     def _compile(self, settings, inputs, sizes, scalars, hooks, packed_data) -> Artifact:
+        if self._miss is not None:
+            what, reason = self._miss
+        elif any(a.backend == settings.backend for a in self.artifacts.items):
+            what, reason = "sizes", "sizes outside the guards of the symbolic trace"
+        elif self.artifacts.items:
+            what, reason = "backend", f"first backward with backend {settings.backend!r}"
+        else:
+            what, reason = "first call", "first backward of this graph"
+        self._miss = None
+        self._check_limit(reason)
         start = time.perf_counter()
         dump = pipeline.Dump.for_graph(self.capture_id)
         try:
@@ -132,15 +175,15 @@ class CompiledBackward:
                           "symbolic sizes" if retraced.symbolic else "static sizes", text)
         if logs.enabled("verbose"):
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
+        self._pending_seconds = time.perf_counter() - start
         hook_guard = None
         if settings.backend == "cpu" and retraced.symbolic:
-            program = self._size_variants(module, inputs, sizes)  # counts its own compiles
+            program = self._size_variants(module, inputs, sizes)  # compiles on its first call
         elif settings.backend == "cpu":
-            program, hook_guard = self._cpu_program(module, list(inputs), hooks, dump)
-            counters["compiles"] += 1
+            program, hook_guard = self.compiling(what, reason, None, None,
+                                                 lambda: self._cpu_program(module, list(inputs), hooks, dump))
         else:
-            program = self._eager_program(module)
-            counters["compiles"] += 1
+            program = self.compiling(what, reason, None, None, lambda: self._eager_program(module))
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
@@ -167,11 +210,7 @@ class CompiledBackward:
         hooks: they exist for their effects in Python) do not count (docs/hooks.md)."""
         try:
             program, guard = pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
-            kinds = {ir.IntegerAttr(op.attributes["hook_id"]).value: ir.StringAttr(op.attributes["kind"]).value
-                     for op in ops_named(module, "ca.hook")}
-            program.not_native = "; ".join(f"hook {hook_id} stays a Python call ({why})"
-                                           for hook_id, why in sorted(guard.refused.items())
-                                           if kinds.get(hook_id) in TRACED_KINDS)
+            program.not_native = self._not_native(module, guard)
             return program, guard
         except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
             if logs.enabled("verbose"):
@@ -184,9 +223,23 @@ class CompiledBackward:
             program.not_native = f"the cpu backend could not compile it and interprets it ({headline})"
             return program, None
 
+    @staticmethod
+    def _not_native(module, guard) -> str:
+        """The hooks camlir would compile but left as Python calls ("" when none). A
+        program built without tracing hooks (`guard` None: dynamic sizes) leaves them all."""
+        kinds = {ir.IntegerAttr(op.attributes["hook_id"]).value: ir.StringAttr(op.attributes["kind"]).value
+                 for op in ops_named(module, "ca.hook")}
+        if guard is None:
+            return "; ".join(f"hook {hook_id} stays a Python call (hooks are traced only with static sizes)"
+                             for hook_id, kind in sorted(kinds.items()) if kind in TRACED_KINDS)
+        return "; ".join(f"hook {hook_id} stays a Python call ({why})"
+                         for hook_id, why in sorted(guard.refused.items())
+                         if kinds.get(hook_id) in TRACED_KINDS)
+
     def _size_variants(self, module, inputs, sizes) -> SizeVariants:
-        """A symbolic capture on the cpu: native code per observed size set, each variant
-        specialized, hook-traced and compiled by `pipeline.make_cpu`."""
+        """A symbolic capture on the cpu: one program with dynamic sizes (or, where that
+        fails or with `dynamic=False`, one per observed size set, each specialized,
+        hook-traced and compiled by `pipeline.make_cpu`)."""
         n_inputs = len(inputs)
         dynamic = sorted(pipeline.dynamic_shapes(module, list(inputs), n_inputs))
 
@@ -195,12 +248,14 @@ class CompiledBackward:
             return self._cpu_program(module, args, hooks, pipeline.Dump.for_graph(self.capture_id, variant),
                                      sizes_, shapes)
 
-        def on_compile(reason):
-            counters["compiles"] += 1
-            if logs.enabled("recompiles"):
-                logs.log.info("graph %d: compiling native code: %s", self.capture_id, reason)
+        def compile_dynamic(args, hooks):
+            dump = pipeline.Dump.for_graph(self.capture_id, "dynamic")
+            program, guard = pipeline.make_cpu(module, args, hooks, dump, dynamic=True)
+            program.not_native = self._not_native(module, guard)
+            return program, guard
 
-        return SizeVariants(n_inputs, dynamic, compile_variant, lambda: self._eager_program(module), on_compile)
+        return SizeVariants(n_inputs, dynamic, compile_variant, compile_dynamic,
+                            lambda: self._eager_program(module), self.compiling)
 
 
 def _describe(values) -> str:

@@ -3,7 +3,8 @@
     camlir.config.enabled = True   # every backward in the process goes through camlir
     camlir.config.backend = "cpu"  # the default; "eager" is the reference interpreter
     camlir.config.fullgraph = False
-    camlir.config.dynamic = None   # None: sizes start static and become symbolic when they change
+    camlir.config.dynamic = None   # None: sizes start static; after a change, compiled dynamic
+    camlir.config.recompile_limit = 8  # compiles per graph before it runs uncompiled
 
 Bad values are rejected when set, with a message that says what is accepted.
 
@@ -27,9 +28,15 @@ class Config:
     """The type of `camlir.config`: the process-wide settings.
 
     `enabled` (bool; setting it notifies the `on_change` listeners), `backend` (one of
-    `BACKENDS`), `fullgraph` (bool) and `dynamic` (None, True or False). `backend` and
-    `dynamic` are checked when set: `config.backend = "gpu"` raises a ValueError that
-    lists the backends.
+    `BACKENDS`), `fullgraph` (bool), `dynamic` (None, True or False) and
+    `recompile_limit` (an int >= 1: how many programs one captured graph may compile before
+    camlir warns and runs that graph uncompiled). `backend`, `dynamic` and
+    `recompile_limit` are checked when set: `config.backend = "gpu"` raises a ValueError
+    that lists the backends.
+
+    `dynamic`: None (the default) compiles the first sizes a graph sees as constants, and
+    once they change, one program with dynamic sizes for all later ones; True compiles with
+    dynamic sizes from the first backward; False compiles every new size set as constants.
     """
 
     def __init__(self):
@@ -37,6 +44,7 @@ class Config:
         self._backend = "cpu"
         self.fullgraph = False
         self._dynamic = None
+        self._recompile_limit = 8
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +72,17 @@ class Config:
         if value not in (None, True, False):
             raise ValueError(f"camlir.config.dynamic must be None, True or False, got {value!r}")
         self._dynamic = value
+
+
+    @property
+    def recompile_limit(self) -> int:
+        return self._recompile_limit
+
+    @recompile_limit.setter
+    def recompile_limit(self, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"camlir.config.recompile_limit must be an int >= 1, got {value!r}")
+        self._recompile_limit = value
 
 
 def check_backend(value) -> str:

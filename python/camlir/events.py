@@ -1,0 +1,115 @@
+"""Why camlir captured or compiled: one record per event, for people and for code.
+
+    camlir.explain()            # [Event(graph=2, kind='capture', what='sizes', ...), ...]
+    print(camlir.explain_text())
+
+Every capture (the autograd engine handed camlir a new graph) and every compile (a program
+built for a graph: its first, a new size set, a changed hook or ctx value, a backend it had
+not been compiled for) is an `Event`, in order. Loads from the disk cache and fallbacks are
+events too, so the list says where every second of compiling went. `CA_LOGS=recompiles`
+prints each event as it happens; `camlir.reset()` clears the list.
+
+This module imports nothing of camlir but `logs`: the driver (`compiled.py`) records, and
+capture code could too, without a cycle.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from camlir import logs
+
+KINDS = ("capture", "compile", "disk_hit", "fallback", "recompile_limit")
+# A long training run with a recompiling graph must not grow memory without bound; the
+# oldest records go first (the recompile limit stops a storm long before this).
+MAX_EVENTS = 10_000
+
+
+@dataclass(frozen=True)
+class Event:
+    """One capture or compile.
+
+    `graph`: the capture id (as in logs and `CA_DUMP_DIR`); `kind`: one of `KINDS`;
+    `reason`: a sentence; `what`: which node, size, hook or guard it is about
+    ("node ReluBackward0", "sizes", "hook 2", "ctx value", "backend", "first call");
+    `old`/`new`: the value before and after where there is one (size lists, hook labels,
+    ctx values); `seconds`: what the event cost (compile time; 0 for a capture, which
+    PyTorch's engine does before camlir sees it).
+    """
+
+    graph: int
+    kind: str
+    reason: str
+    what: str = ""
+    old: Any = None
+    new: Any = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        change = f" ({self.old!r} -> {self.new!r})" if self.old is not None or self.new is not None else ""
+        cost = f", {self.seconds:.3f} s" if self.seconds else ""
+        return f"graph {self.graph}: {self.kind}: {self.reason}{change}{cost}"
+
+
+_events: list = []
+_lock = threading.Lock()
+
+
+def record(event: Event) -> Event:
+    """Appends `event` and prints it when `CA_LOGS=recompiles` is on."""
+    with _lock:
+        _events.append(event)
+        if len(_events) > MAX_EVENTS:
+            del _events[: len(_events) - MAX_EVENTS]
+    if logs.enabled("recompiles"):
+        logs.log.info("%s", event)
+    return event
+
+
+def explain(graph: Optional[int] = None, kind: Optional[str] = None) -> list:
+    """The events since the last `camlir.reset()`, oldest first; `graph` and `kind` filter."""
+    with _lock:
+        events = list(_events)
+    return [e for e in events if (graph is None or e.graph == graph) and (kind is None or e.kind == kind)]
+
+
+def explain_text(graph: Optional[int] = None) -> str:
+    """`explain()` as lines, with a total of compile seconds per graph."""
+    events = explain(graph)
+    lines = [str(e) for e in events]
+    totals: dict = {}
+    for e in events:
+        totals[e.graph] = totals.get(e.graph, 0.0) + e.seconds
+    lines += [f"graph {g}: {sum(1 for e in events if e.graph == g and e.kind == 'compile')} compiles, "
+              f"{s:.3f} s in all" for g, s in sorted(totals.items())]
+    return "\n".join(lines)
+
+
+def forget() -> None:
+    """Clears the records (part of `camlir.reset()`)."""
+    with _lock:
+        _events.clear()
+
+
+_NEW_NODE = re.compile(r"new autograd node: (.+?) \(NodeCall")
+
+
+def capture_cause(messages: list) -> tuple:
+    """(what, new) of compiled autograd's cache-miss messages, for a capture `Event`:
+    `("node ReluBackward0", None)`, `("sizes", "sizes[0], sizes[3]")` (which sizes
+    changed), or `("first call", None)` when there are none."""
+    for message in messages:
+        m = _NEW_NODE.search(message)
+        if m:
+            return f"node {m.group(1)}", None
+        if "changed" in message:
+            return "sizes", message.split(":", 1)[1].strip() if ":" in message else None
+    if messages:
+        return "other", None
+    return "first call", None

@@ -1,0 +1,135 @@
+"""The driver: honest compile counts, dynamic sizes, the recompile limit, `camlir.explain()`."""
+
+import logging
+
+import pytest
+import torch
+
+import camlir
+from camlir.settings import config
+
+# The issue's size sequence: 8 distinct sizes, 10 backward calls.
+SIZES = (10, 100, 10, 37, 64, 100, 50, 51, 52, 53)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    camlir.reset()
+    limit = config.recompile_limit
+    yield
+    config.recompile_limit = limit
+    camlir.reset()
+
+
+def _sin_step(n: int, **enable) -> None:
+    torch.manual_seed(n)
+    y = torch.randn(n, 3, requires_grad=True)
+    with camlir.enable(**enable):
+        (y.sin() * y).sum().backward()
+    torch.testing.assert_close(y.grad, (y.sin() + y * y.cos()).detach())
+
+
+def test_size_sequence_specialised_counts_every_compile():
+    for n in SIZES:
+        _sin_step(n, dynamic=False)
+    # One static capture (10), then one symbolic capture (which serves 10 again too)
+    # compiling each new size set: 100, 10, 37, 64, 50, 51, 52, 53 (exactly the default
+    # limit of 8).
+    assert camlir.counters["captures"] == 2
+    compiles = camlir.explain(kind="compile")
+    assert camlir.counters["compiles"] == len(compiles) == 9
+    assert camlir.counters["cache_hits"] == 1  # the second 100 only
+    assert camlir.counters["fallbacks"] == 0
+    assert [e.new for e in compiles if e.graph == 2][:2] == [[100] * 5, [10] * 5]
+
+
+def test_size_sequence_dynamic_compiles_at_most_twice():
+    for n in SIZES:
+        _sin_step(n)
+    assert camlir.counters["captures"] == 2
+    assert camlir.counters["compiles"] <= 2, camlir.explain_text()
+    assert camlir.counters["cache_hits"] == len(SIZES) - camlir.counters["compiles"]
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0
+
+
+def test_dynamic_true_compiles_once():
+    for n in SIZES:
+        _sin_step(n, dynamic=True)
+    assert camlir.counters["captures"] == 1
+    assert camlir.counters["compiles"] == 1, camlir.explain_text()
+
+
+def test_recompile_limit_warns_once_and_runs_uncompiled(caplog):
+    config.recompile_limit = 3
+    with caplog.at_level(logging.WARNING, logger="camlir"):
+        for n in SIZES:
+            _sin_step(n, dynamic=False)  # gradients checked at every step, limit or not
+    graph2 = [e for e in camlir.explain(graph=2) if e.kind == "compile"]
+    assert len(graph2) == 3
+    [limit] = camlir.explain(kind="recompile_limit")
+    assert limit.graph == 2 and "recompile_limit=3" in limit.reason and "new sizes" in limit.reason
+    assert caplog.text.count("runs uncompiled from now on") == 1
+    assert camlir.counters["fallbacks"] == 1
+    assert camlir.counters["compiles"] == 1 + 3
+
+
+def test_recompile_limit_under_fullgraph_raises():
+    config.recompile_limit = 1
+    _sin_step(10, dynamic=False, fullgraph=True)
+    _sin_step(11, dynamic=False, fullgraph=True)  # the symbolic capture's first compile
+    with pytest.raises(camlir.UnsupportedError, match="recompile_limit=1"):
+        _sin_step(12, dynamic=False, fullgraph=True)
+
+
+def test_recompile_limit_is_checked():
+    for bad in (0, -1, 2.5, "8", True):
+        with pytest.raises(ValueError, match="recompile_limit"):
+            config.recompile_limit = bad
+    config.recompile_limit = 2
+    assert config.recompile_limit == 2
+
+
+def test_explain_records_captures_and_compiles_with_reasons():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    with camlir.enable():
+        model(x).sum().backward()
+        model(x).relu().sum().backward()
+        model(x).relu().sum().backward()
+    events = camlir.explain()
+    kinds = [(e.graph, e.kind) for e in events]
+    assert kinds == [(1, "capture"), (1, "compile"), (2, "capture"), (2, "compile")], kinds
+    assert events[2].what == "node ReluBackward0"
+    assert events[1].what == "first call" and events[1].seconds > 0
+    assert all(isinstance(e.as_dict(), dict) for e in events)
+    assert "graph 2: 1 compiles" in camlir.explain_text()
+    assert camlir.counters["cache_hits"] == 1
+    camlir.reset()
+    assert camlir.explain() == []
+
+
+def test_recompiles_log_prints_each_event():
+    from helpers import camlir_logs
+
+    with camlir_logs("recompiles") as messages:
+        _sin_step(10)
+        _sin_step(20, dynamic=False)
+    text = "\n".join(messages)
+    assert "graph 1: capture:" in text and "graph 1: compile: first backward" in text
+    assert "graph 2: capture: Cache miss due to" in text and "graph 2: compile: new sizes" in text
+
+
+def test_hook_change_is_a_recompile_with_its_reason():
+    torch.manual_seed(0)
+    x = torch.randn(5, requires_grad=True)
+    for scale in (2.0, 3.0):
+        x.grad = None
+        h = x.register_hook(lambda g, s=scale: g * s)
+        with camlir.enable():
+            (x * x).sum().backward()
+        h.remove()
+        torch.testing.assert_close(x.grad, 2 * x.detach() * scale)
+    compiles = camlir.explain(kind="compile")
+    assert len(compiles) == 2 and compiles[1].what == "hooks", compiles
+    assert "changed" in compiles[1].reason
