@@ -402,7 +402,7 @@ def test_lru_eviction_order(tmp_path):
     one = probe.stats().total_bytes  # one entry's size, manifest included
     s = DiskStore(str(tmp_path / "c"), max_bytes=3 * one + one // 2, fsync=False)
     keys = [key_of(f"lru{i}") for i in range(4)]
-    for i, key in enumerate(keys[:3]):
+    for key in keys[:3]:
         assert s.put(key, {"f": blob}, {})
     now = time.time()
     # Use order, oldest first: keys[1], keys[0], keys[2].
