@@ -43,11 +43,16 @@ class PrepareKernelABI(CAPass):
             false = ir.BoolAttr.get(False)
             for fn in funcs(module, is_kernel):
                 _bools_as_bytes(fn)
-                n = len(fn.regions[0].blocks[0].arguments)
+                # Scalar arguments (a symbolic capture's lifted sizes, `i64`) get no attribute.
                 fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                    [ir.DictAttr.get({"bufferization.writable": false}) for _ in range(n)])
+                    [ir.DictAttr.get({"bufferization.writable": false} if _is_tensor(a.type) else {})
+                     for a in fn.regions[0].blocks[0].arguments])
                 fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
                 fn.attributes["sym_visibility"] = ir.StringAttr.get("public")
+
+
+def _is_tensor(t: ir.Type) -> bool:
+    return str(t).startswith("tensor<")
 
 
 def _bool_tensor(t: ir.Type) -> bool:

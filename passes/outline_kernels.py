@@ -183,6 +183,7 @@ def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -
         return []
     members = set(ops)
     inputs, outputs = live_values(ops, keep_outside=_is_cloneable_value)
+    inputs += [v for v in _scalars_under_cloneables(ops) if v not in inputs]
     if not outputs:  # nothing reads it: pure compute is dead
         for op in reversed(ops):
             op.erase()
@@ -215,12 +216,37 @@ def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -
             anchor = op
     for op in ops:
         op.move_before(ret.operation)
+    _clone_cloneables_into(kernel.operation, body)
+    # After the cloning: the clones read the host's scalars too (a symbolic size in a list).
     for v, arg in zip(inputs, body.arguments):
         for use in list(v.uses):
             if is_inside(use.owner, kernel.operation):
                 use.owner.operands[use.operand_number] = arg
-    _clone_cloneables_into(kernel.operation, body)
     return [kernel.operation]
+
+
+def _scalars_under_cloneables(ops: list) -> list:
+    """The values that the constants and lists a run reads are built from but that are not
+    themselves cloneable: the `!torch.int` of a `ca.size` in `[%n, 3]` (a symbolic capture).
+    The lists are cloned into the kernel, so these become kernel arguments."""
+    members = set(ops)
+    found, seen = [], set()
+
+    def visit(v):
+        if v in seen:
+            return
+        seen.add(v)
+        for operand in v.owner.operation.operands:
+            if _is_cloneable_value(operand):
+                visit(operand)
+            elif operand not in found:
+                found.append(operand)
+
+    for op in ops:
+        for v in op.operands:
+            if _is_cloneable_value(v) and v.owner.operation not in members:
+                visit(v)
+    return found
 
 
 def _is_cloneable_value(v: ir.Value) -> bool:

@@ -44,10 +44,12 @@ from torch_mlir import ir
 
 from camlir import effects, logs
 from camlir.backends.cpu import abi, jit
+from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
 from camlir.backends.cpu.program import CpuProgram
 from camlir.backends.eager import EagerProgram
-from camlir.capture.hook_trace import trace_hooks
+from camlir.cache import HookGuard
+from camlir.capture.hook_trace import TRACED_KINDS, trace_hooks
 from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
 from camlir.context import make_context
@@ -209,15 +211,23 @@ def linalg(module: ir.Module, dump: Dump) -> None:
             logs.log.info("camlir: %s: %s cannot be lowered; kept on the host, run through torch", dump.label, name)
 
 
-def split(module: ir.Module, dump: Dump) -> tuple:
+def split(module: ir.Module, dump: Dump, dynamic: bool = False) -> tuple:
     """The kernels move to a module of their own; returns it, the host function and each
-    kernel's (input specs, output specs)."""
+    kernel's (input specs, output specs, shape function). With `dynamic`, specs may have
+    dynamic dims and scalar arguments, and each kernel gets the shape function of its
+    results (`backends.cpu.shapes.derive`, while it is still on tensors); else the shape
+    function is None."""
     kernel_module = ir.Module.create(ir.Location.unknown(module.context))
     specs = {}
     for fn in funcs(module, is_kernel):
         ftype = function_type(fn)
-        specs[func_name(fn)] = ([abi.TensorSpec.from_type(t) for t in ftype.inputs],
-                                [abi.TensorSpec.from_type(t) for t in ftype.results])
+        try:
+            ins = [abi.spec_of(t, dynamic) for t in ftype.inputs]
+            outs = [abi.TensorSpec.from_type(t, dynamic) for t in ftype.results]
+            shape_fn = kernel_shapes.derive(fn) if dynamic else None
+        except (TypeError, kernel_shapes.ShapeError) as exc:
+            raise StageError("split", f"kernel @{func_name(fn)}: {exc}") from exc
+        specs[func_name(fn)] = (ins, outs, shape_fn)
         fn.clone(ir.InsertionPoint(kernel_module.body))
     dump("split", kernel_module)
     return kernel_module, require_func(module, "backward"), specs
@@ -228,16 +238,20 @@ def math(kernel_module: ir.Module, dump: Dump) -> None:
     run_stage("math", kernel_module, ["ca-approximate-math"], dump)
 
 
-def bufferize(kernel_module: ir.Module, dump: Dump) -> None:
+def bufferize(kernel_module: ir.Module, dump: Dump, dynamic: bool = False) -> None:
     """bufferize: kernels on memrefs with read-only inputs and results as out-parameters that
-    the runtime allocates with torch; temporaries freed."""
+    the runtime allocates with torch; temporaries freed. With `dynamic`, a result allocated
+    with dynamic sizes is replaced by its out-parameter too (`hoist-dynamic-allocs`: the
+    runtime allocates it with the shape function's sizes); a result the pass cannot hoist
+    (not an allocation of the kernel's own) is copied into the out-parameter."""
+    hoist = "hoist-static-allocs=true" + (" hoist-dynamic-allocs=true" if dynamic else "")
     run_stage("bufferize", kernel_module, [
         "ca-prepare-kernel-abi",
         "func.func(convert-elementwise-to-linalg)",  # bool/byte casts the ABI left on tensors
         "canonicalize",  # drops transposes that the transpose fold left without users
         "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}",
         "canonicalize", "cse",
-        "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}",
+        "buffer-results-to-out-params{%s modify-public-functions=true}" % hoist,
         "canonicalize",
         "ca-copies-to-linalg",
         "buffer-deallocation-pipeline", "canonicalize",
@@ -303,12 +317,12 @@ def _no_bool_vectors(module: ir.Module) -> None:
             raise StageError("loops", "vector access to an i1 buffer (LLVM packs vector<Nxi1> into bits)")
 
 
-def make_native(kernel_module: ir.Module, dump: Dump):
+def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
     """math, bufferize, blas, loops, llvm, jit: a module of linalg-on-tensors kernels (changed
     in place) to an ExecutionEngine with a `_mlir_ciface_<name>` entry per kernel."""
     with kernel_module.context, ir.Location.unknown():
         math(kernel_module, dump)
-        bufferize(kernel_module, dump)
+        bufferize(kernel_module, dump, dynamic)
         blas(kernel_module, dump)
         llvm_module = loops_and_llvm(kernel_module, dump)
     try:
@@ -318,10 +332,20 @@ def make_native(kernel_module: ir.Module, dump: Dump):
 
 
 def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
-             shapes: Optional[dict] = None):
+             shapes: Optional[dict] = None, dynamic: bool = False):
     """Compiles one variant of a captured `ca` module for the cpu; returns the program and
     the guard on the hooks it traced. `module` is not changed. A symbolic capture passes
-    the observed `sizes` and the `shapes` of its dynamic arguments."""
+    the observed `sizes` and the `shapes` of its dynamic arguments.
+
+    `dynamic=True` (a symbolic capture, without `sizes`/`shapes`) compiles one program for
+    every size set the capture's guards accept: the kernels keep their `?` dims and take the
+    lifted sizes they read as `i64` arguments; the program is called with the inputs plus
+    the sizes, like a variant. Hooks are not traced (tracing needs static shapes): they stay
+    Python calls, and the returned guard is a `HookGuard` that inlines nothing and lists each
+    traceable hook in `refused`. What the dynamic path cannot compile raises `StageError`
+    (the caller then specializes, as before)."""
+    if dynamic and (sizes is not None or shapes):
+        raise ValueError("make_cpu: dynamic=True compiles without sizes; pass sizes or dynamic, not both")
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
         work = ir.Module.parse(str(module))
@@ -331,22 +355,39 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
                                        f"contiguous tensors")
         if sizes is not None:
             specialize(work, sizes, shapes or {}, dump)
-        # After specialization: tracing needs static shapes, so a symbolic capture's hooks
-        # are traced per size set.
-        guard = trace_hooks(work, hooks, device="cpu")
-        dump("trace-hooks", work)
+        if dynamic:
+            guard = untraced_hooks(work)
+        else:
+            # After specialization: tracing needs static shapes, so a symbolic capture's
+            # hooks are traced per size set.
+            guard = trace_hooks(work, hooks, device="cpu")
+            dump("trace-hooks", work)
         expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
         perms = layouts(work, args, dump)
         kernels(work, dump)
         linalg(work, dump)
         lowered_text = str(work)
         effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
-        kernel_module, host, specs = split(work, dump)
-        engine = make_native(kernel_module, dump) if specs else None
-        compiled = {name: abi.Kernel(engine, name, ins, outs) for name, (ins, outs) in specs.items()}
+        kernel_module, host, specs = split(work, dump, dynamic)
+        engine = make_native(kernel_module, dump, dynamic) if specs else None
+        compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn) if dynamic
+                           else abi.Kernel(engine, name, ins, outs))
+                    for name, (ins, outs, shape_fn) in specs.items()}
         program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start)
     logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)
     return program, guard
+
+
+def untraced_hooks(module: ir.Module) -> HookGuard:
+    """The guard of a dynamic compile: nothing inlined, every hook of a kind camlir would
+    trace listed in `refused` (so `fullgraph` and the logs say why it stays a call)."""
+    guard = HookGuard()
+    for op in ops_named(require_func(module, "backward"), "ca.hook"):
+        kind = ir.StringAttr(op.attributes["kind"]).value
+        if kind in TRACED_KINDS:
+            guard.refused[ir.IntegerAttr(op.attributes["hook_id"]).value] = \
+                "dynamic sizes: hooks are traced only for static shapes"
+    return guard
 
 
 def dynamic_shapes(module: ir.Module, args: list, n_inputs: int) -> dict:

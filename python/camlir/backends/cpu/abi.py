@@ -13,6 +13,12 @@ about 94 us per array; this path costs well under a microsecond per tensor.
 Inputs must be contiguous with the expected shape and dtype: the host program guarantees it
 (the variant was specialised on the first call's layouts: `ca-specialize-layouts`, and
 `CpuProgram` passes permuted views).
+
+Kernels with dynamic dims (`pipeline.make_cpu(..., dynamic=True)`) take `DynamicKernel`:
+the descriptors are still built once, but every call also writes each tensor's sizes and
+(contiguous) strides, and the value of each scalar argument (a lifted size, `i64`), and
+allocates the outputs with the shapes that the kernel's shape function
+(`camlir.backends.cpu.shapes`) computes from this call's arguments.
 """
 
 import ctypes
@@ -50,23 +56,31 @@ class TensorSpec:
     `TensorSpec.from_type("tensor<4x8xf32>")` is `TensorSpec((4, 8), torch.float32)`.
     """
 
-    shape: tuple
+    shape: tuple  # None for a dynamic dim (only with `from_type(..., dynamic=True)`)
     dtype: torch.dtype
 
     @staticmethod
-    def from_type(t) -> "TensorSpec":
-        """From a builtin `tensor<...>` or `!torch.vtensor<[...],dt>` type's text."""
+    def from_type(t, dynamic: bool = False) -> "TensorSpec":
+        """From a builtin `tensor<...>` or `!torch.vtensor<[...],dt>` type's text. A `?` dim
+        is refused unless `dynamic`, then it is None."""
         text = str(t)
-        if text.startswith("tensor<"):
-            body = text[len("tensor<"):-1]
-            *dims, elem = body.split("x")
-            shape = tuple(int(d) for d in dims)
-        elif text.startswith("!torch.vtensor<["):
-            dims_text, elem = text[len("!torch.vtensor<["):-1].split("],")
-            shape = tuple(int(d) for d in dims_text.split(",")) if dims_text else ()
-        else:
-            raise TypeError(f"kernel argument of type {text} is not a tensor")
-        if any(d < 0 for d in shape) or "?" in text:
+
+        def dim(d):
+            return None if d in ("?", "-1") and dynamic else int(d)
+
+        try:
+            if text.startswith("tensor<"):
+                body = text[len("tensor<"):-1]
+                *dims, elem = body.split("x")
+                shape = tuple(dim(d) for d in dims)
+            elif text.startswith("!torch.vtensor<["):
+                dims_text, elem = text[len("!torch.vtensor<["):-1].split("],")
+                shape = tuple(dim(d) for d in dims_text.split(",")) if dims_text else ()
+            else:
+                raise TypeError(f"kernel argument of type {text} is not a tensor")
+        except ValueError:
+            raise TypeError(f"kernel argument {text} has a dynamic size; specialise shapes first") from None
+        if any(d is not None and d < 0 for d in shape):
             raise TypeError(f"kernel argument {text} has a dynamic size; specialise shapes first")
         elem = elem.strip()
         elem = {"si64": "i64", "si32": "i32", "si16": "i16", "si8": "i8"}.get(elem, elem)
@@ -132,3 +146,116 @@ class Kernel:
         self._fn(self._packed)
         del keep
         return outs
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    """A scalar kernel argument (a lifted size, passed as `i64`; or an `f64`)."""
+
+    ctype: type  # ctypes.c_int64 or ctypes.c_double
+
+    @staticmethod
+    def from_type(t) -> "ScalarSpec":
+        text = str(t)
+        if text in ("i64", "index"):
+            return ScalarSpec(ctypes.c_int64)
+        if text == "f64":
+            return ScalarSpec(ctypes.c_double)
+        raise TypeError(f"kernel argument of type {text} is not supported by the dynamic ABI")
+
+
+def spec_of(t, dynamic: bool = False):
+    """The spec of one kernel argument or result type: tensors always, scalars when `dynamic`."""
+    if dynamic and not str(t).startswith(("tensor<", "!torch.vtensor<")):
+        return ScalarSpec.from_type(t)
+    return TensorSpec.from_type(t, dynamic)
+
+
+class DynamicKernel:
+    """A compiled kernel with dynamic dims, callable as `kernel(args) -> outputs`.
+
+    `inputs` are `TensorSpec`s (None for a dynamic dim) and `ScalarSpec`s, in argument
+    order; `outputs` the results' `TensorSpec`s; `shape_fn(*args)` returns each output's
+    shape for this call's arguments (`shapes.derive`; it raises `shapes.ShapeError` where
+    the kernel's own size check would abort). Per call: one shape function call, and per
+    tensor two pointers, its sizes and its strides written into the prebuilt descriptors.
+
+    An output with dynamic dims was an allocation inside the kernel before
+    `buffer-results-to-out-params{hoist-dynamic-allocs}` made it the out-parameter; an output
+    the pass cannot hoist (a view of another buffer) is computed into a temporary and copied
+    into the out-parameter: one extra pass over that output.
+    """
+
+    def __init__(self, engine, name: str, inputs: list, outputs: list, shape_fn):
+        self.name = name
+        self.inputs = inputs
+        self.outputs = outputs
+        self.shape_fn = shape_fn
+        self._engine = engine
+        address = engine.raw_lookup("_mlir_ciface_" + name)
+        if not address:
+            raise RuntimeError(f"kernel {name} not found in the compiled module")
+        self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        specs = inputs + outputs
+        self._packed = (ctypes.c_void_p * len(specs))()
+        self._keep = []
+        self._tensor_in, self._scalar_in, self._out = [], [], []
+        for i, spec in enumerate(specs):
+            if isinstance(spec, ScalarSpec):
+                slot = spec.ctype(0)
+                self._keep.append(slot)
+                self._packed[i] = ctypes.cast(ctypes.pointer(slot), ctypes.c_void_p)
+                self._scalar_in.append((i, slot))
+                continue
+            desc = descriptor_type(len(spec.shape))()
+            desc.offset = 0
+            ptr = ctypes.pointer(desc)
+            ptr_ptr = ctypes.pointer(ptr)
+            self._keep += [desc, ptr, ptr_ptr]
+            self._packed[i] = ctypes.cast(ptr_ptr, ctypes.c_void_p)
+            entry = (i, desc, len(spec.shape) > 0)
+            (self._tensor_in if i < len(inputs) else self._out).append(entry)
+        self._out_dtypes = [s.dtype for s in outputs]
+
+    def __call__(self, args: list) -> list:
+        shapes = self.shape_fn(*args)
+        keep = []
+        for i, desc, ranked in self._tensor_in:
+            t = args[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+                keep.append(t)
+            p = t.data_ptr()
+            desc.allocated = p
+            desc.aligned = p
+            if ranked:
+                shape = t.shape
+                desc.sizes[:] = shape
+                desc.strides[:] = _strides(shape)
+        for i, slot in self._scalar_in:
+            slot.value = args[i]
+        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in zip(shapes, self._out_dtypes)]
+        for (i, desc, ranked), t in zip(self._out, outs):
+            p = t.data_ptr()
+            desc.allocated = p
+            desc.aligned = p
+            if ranked:
+                shape = t.shape
+                desc.sizes[:] = shape
+                desc.strides[:] = _strides(shape)
+        self._fn(self._packed)
+        del keep
+        return outs
+
+
+_STRIDES: dict = {}
+
+
+def _strides(shape) -> list:
+    """Contiguous strides of `shape` (a torch.Size), cached: a dict look-up per tensor."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        if len(_STRIDES) > 4096:
+            _STRIDES.clear()
+        strides = _STRIDES[shape] = _contiguous_strides(shape)
+    return strides

@@ -1,0 +1,128 @@
+"""One native compile for every size: `pipeline.make_cpu(..., dynamic=True)`.
+
+Each case runs its backward through camlir's reference backend at two batch sizes, so that
+the capture becomes symbolic, compiles that capture's `ca` module once with dynamic dims,
+puts the program in place of the capture's artifact (the runtime then calls it with the
+inputs plus the lifted sizes, as it calls a size variant) and compares gradients with
+eager PyTorch at several sizes. No size compiles anything again.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import camlir
+from camlir import compiled, pipeline
+from camlir.backends.cpu import abi, shapes
+
+SIZES = (7, 10, 37, 64, 100, 1)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    camlir.reset()
+    yield
+    camlir.reset()
+
+
+class _Counting:
+    """Stands in for the artifact's program: counts the calls, records the shapes."""
+
+    def __init__(self, program):
+        self.program = program
+        self.calls = 0
+
+    def __call__(self, args, hooks, callbacks=()):
+        self.calls += 1
+        return self.program(args, hooks, callbacks)
+
+
+def _grads(make_model, make_inputs, loss_fn, n, use_camlir):
+    torch.manual_seed(0)
+    model = make_model()
+    torch.manual_seed(n)
+    inputs = [t.requires_grad_() if t.is_floating_point() else t for t in make_inputs(n)]
+    loss = loss_fn(model, *inputs)
+    if use_camlir:
+        with camlir.enable(backend="eager"):
+            loss.backward()
+    else:
+        loss.backward()
+    return [p.grad for p in model.parameters()] + [t.grad for t in inputs if t.requires_grad]
+
+
+def _check_dynamic(make_model, make_inputs, loss_fn, sizes=SIZES):
+    """Captures at batch 10 and 100 (symbolic), compiles once with dynamic=True, checks
+    every size in `sizes`; returns the program."""
+    for n in (10, 100):
+        _grads(make_model, make_inputs, loss_fn, n, use_camlir=True)
+    _, artifact = compiled._compiled[-1]
+    assert artifact.retraced.symbolic, "the capture did not become symbolic"
+    program, guard = pipeline.make_cpu(artifact.module, [], [], pipeline.Dump("dynamic test"), dynamic=True)
+    assert guard is not None and not guard.inlined
+    assert program.kernels and all(isinstance(k, abi.DynamicKernel) for k in program.kernels.values())
+    counting = _Counting(program)
+    artifact.program = counting
+    # Batch 1 is outside the symbolic trace's guards (PyTorch specializes sizes 0 and 1), so
+    # the capture would not be used for it: the guard is opened to run the kernels at 1 too.
+    artifact.retraced.guards_hold = lambda inputs, sizes: True
+    captures = len(compiled._compiled)
+    for i, n in enumerate(sizes):
+        eager = _grads(make_model, make_inputs, loss_fn, n, use_camlir=False)
+        ours = _grads(make_model, make_inputs, loss_fn, n, use_camlir=True)
+        assert counting.calls == i + 1, f"batch {n} did not run the dynamic program"
+        assert len(eager) == len(ours)
+        for e, o in zip(eager, ours):
+            assert (e is None) == (o is None)
+            if e is not None:
+                torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-5)
+    assert len(compiled._compiled) == captures, "a size compiled again"
+    return program
+
+
+def test_elementwise():
+    _check_dynamic(lambda: nn.Identity(), lambda n: [torch.randn(n, 3)], lambda m, y: (y.sin() * y).sum())
+
+
+def test_mlp_matmuls_go_to_blas():
+    program = _check_dynamic(lambda: nn.Sequential(nn.Linear(12, 24), nn.GELU(), nn.Linear(24, 5)),
+                             lambda n: [torch.randn(n, 12)], lambda m, x: m(x).pow(2).mean())
+    assert "linalg.matmul" in program.lowered_text
+
+
+def test_softmax_and_cross_entropy():
+    def loss(m, x, target):
+        logits = m(x)
+        return F.cross_entropy(logits, target) + logits.softmax(-1).pow(2).sum() + logits.log_softmax(-1).mean()
+
+    _check_dynamic(lambda: nn.Linear(8, 6), lambda n: [torch.randn(n, 8), torch.randint(0, 6, (n,))], loss)
+
+
+def test_mean_over_the_dynamic_dim():
+    _check_dynamic(lambda: nn.Linear(4, 4),
+                   lambda n: [torch.randn(n, 4)], lambda m, x: (m(x).tanh().mean(dim=0) * torch.arange(4.0)).sum())
+
+
+def test_sequence_length_dynamic():
+    _check_dynamic(lambda: nn.Linear(16, 8), lambda n: [torch.randn(2, n, 16)],
+                   lambda m, x: F.gelu(m(x)).pow(2).sum())
+
+
+def test_shape_function_of_a_kernel():
+    from torch_mlir import ir
+
+    from camlir.context import make_context
+
+    text = """
+    func.func @k(%a: tensor<?x3xf32>, %n: i64) -> (tensor<?x3xf32>, tensor<3xf32>) {
+      %c0 = arith.constant 0 : index
+      %d = tensor.dim %a, %c0 : tensor<?x3xf32>
+      %e = tensor.empty(%d) : tensor<?x3xf32>
+      %s = tensor.empty() : tensor<3xf32>
+      return %e, %s : tensor<?x3xf32>, tensor<3xf32>
+    }"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = shapes.derive(module.body.operations[0].operation)
+    assert fn(torch.empty(5, 3), 5) == ((5, 3), (3,))
