@@ -43,7 +43,8 @@ class SpecializeLayouts(CAPass):
     permuted one and the function permutes it back with the inverse permutation, which the
     later passes fold into its user (a matmul's transpose flag, a fused loop's indexing map).
     The cpu backend computes `perms` from the first call's tensors; the host program checks
-    the layout on every call.
+    the layout on every call. Dims may be dynamic (`?`, a symbolic capture compiled with
+    dynamic dims): they are permuted like static ones.
 
     Before (`--ca-specialize-layouts=perms=0:1x0`):
     ```mlir
@@ -98,8 +99,8 @@ def _permute_argument(arg: ir.Value, perm: tuple, block: ir.Block, fn: ir.Operat
         raise PassFailure("argument is used as itself by a ca op (accumulation or hook); it cannot "
                           "be passed as a permuted view", fn)
     old_type = str(arg.type)
-    if not old_type.startswith("!torch.vtensor<[") or "?" in old_type:
-        raise PassFailure(f"argument of type {old_type} is not a statically shaped value tensor", fn)
+    if not old_type.startswith("!torch.vtensor<["):
+        raise PassFailure(f"argument of type {old_type} is not a ranked value tensor", fn)
     dims_text, elem = old_type[len("!torch.vtensor<["):-1].split("],")
     dims = dims_text.split(",")
     if len(dims) != len(perm):

@@ -43,13 +43,12 @@ import torch
 from torch_mlir import ir
 
 from camlir import effects, logs
-from camlir.backends.cpu import abi, jit
+from camlir.backends.cpu import abi, jit, persist
 from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
 from camlir.backends.cpu.program import CpuProgram
 from camlir.backends.eager import EagerProgram
-from camlir.cache import HookGuard
-from camlir.capture.hook_trace import TRACED_KINDS, trace_hooks
+from camlir.capture.hook_trace import trace_hooks
 from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
 from camlir.context import make_context
@@ -184,10 +183,11 @@ def specialize(module: ir.Module, sizes: list, shapes: dict, dump: Dump) -> None
     ], dump)
 
 
-def layouts(module: ir.Module, args: list, dump: Dump) -> list:
-    """Returns, per argument, the permutation the runtime passes it with."""
+def layouts(module: ir.Module, args: list, dump: Dump, dynamic: bool = False) -> list:
+    """Returns, per argument, the permutation the runtime passes it with (from `args`, the
+    first call's tensors; a later call with another layout is copied at the kernel)."""
     host = require_func(module, "backward")
-    perms = input_permutations(list(function_type(host).inputs), args)
+    perms = input_permutations(list(function_type(host).inputs), args, dynamic)
     block_args = list(host.regions[0].blocks[0].arguments)
     perms = [None if p is not None and needs_identity(block_args[i]) else p for i, p in enumerate(perms)]
     if any(perms):
@@ -340,10 +340,10 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
     `dynamic=True` (a symbolic capture, without `sizes`/`shapes`) compiles one program for
     every size set the capture's guards accept: the kernels keep their `?` dims and take the
     lifted sizes they read as `i64` arguments; the program is called with the inputs plus
-    the sizes, like a variant. Hooks are not traced (tracing needs static shapes): they stay
-    Python calls, and the returned guard is a `HookGuard` that inlines nothing and lists each
-    traceable hook in `refused`. What the dynamic path cannot compile raises `StageError`
-    (the caller then specializes, as before)."""
+    the sizes, like a variant. Hook tracing needs static shapes: a hook whose operands have
+    `?` dims stays a Python call (listed in the guard's `refused`), one on statically shaped
+    tensors (a parameter's gradient) is traced as usual. What the dynamic path cannot
+    compile raises `StageError` (the caller then specializes, as before)."""
     if dynamic and (sizes is not None or shapes):
         raise ValueError("make_cpu: dynamic=True compiles without sizes; pass sizes or dynamic, not both")
     start = time.perf_counter()
@@ -355,15 +355,13 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
                                        f"contiguous tensors")
         if sizes is not None:
             specialize(work, sizes, shapes or {}, dump)
-        if dynamic:
-            guard = untraced_hooks(work)
-        else:
-            # After specialization: tracing needs static shapes, so a symbolic capture's
-            # hooks are traced per size set.
-            guard = trace_hooks(work, hooks, device="cpu")
-            dump("trace-hooks", work)
+        # After specialization: tracing needs static shapes, so a specialized capture's
+        # hooks are traced per size set; with `dynamic`, only hooks whose operands have
+        # static shapes (a parameter's gradient) are traced, the others stay Python calls.
+        guard = trace_hooks(work, hooks, device="cpu")
+        dump("trace-hooks", work)
         expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
-        perms = layouts(work, args, dump)
+        perms = layouts(work, args, dump, dynamic)
         kernels(work, dump)
         linalg(work, dump)
         lowered_text = str(work)
@@ -374,20 +372,10 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
                            else abi.Kernel(engine, name, ins, outs))
                     for name, (ins, outs, shape_fn) in specs.items()}
         program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start)
+        # What the disk cache stores of it (backends/cpu/persist.py).
+        program.host_text, program.engine, program.dynamic = persist.host_text(work), engine, dynamic
     logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)
     return program, guard
-
-
-def untraced_hooks(module: ir.Module) -> HookGuard:
-    """The guard of a dynamic compile: nothing inlined, every hook of a kind camlir would
-    trace listed in `refused` (so `fullgraph` and the logs say why it stays a call)."""
-    guard = HookGuard()
-    for op in ops_named(require_func(module, "backward"), "ca.hook"):
-        kind = ir.StringAttr(op.attributes["kind"]).value
-        if kind in TRACED_KINDS:
-            guard.refused[ir.IntegerAttr(op.attributes["hook_id"]).value] = \
-                "dynamic sizes: hooks are traced only for static shapes"
-    return guard
 
 
 def dynamic_shapes(module: ir.Module, args: list, n_inputs: int) -> dict:

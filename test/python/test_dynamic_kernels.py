@@ -26,14 +26,23 @@ def fresh():
     camlir.reset()
 
 
-class _Counting:
-    """Stands in for the artifact's program: counts the calls, records the shapes."""
+class _Dynamic:
+    """Stands in for the artifact's program: compiles the capture's module with dynamic
+    dims on the first call (with that call's tensors, as the driver does: their layouts pick
+    the permuted inputs), then runs that one program on every call, counting them."""
 
-    def __init__(self, program):
-        self.program = program
+    def __init__(self, module):
+        self.module = module
+        self.program = None
         self.calls = 0
 
     def __call__(self, args, hooks, callbacks=()):
+        if self.program is None:
+            self.program, guard = pipeline.make_cpu(self.module, list(args), hooks,
+                                                    pipeline.Dump("dynamic test"), dynamic=True)
+            assert guard is not None
+            assert self.program.kernels
+            assert all(isinstance(k, abi.DynamicKernel) for k in self.program.kernels.values())
         self.calls += 1
         return self.program(args, hooks, callbacks)
 
@@ -59,10 +68,7 @@ def _check_dynamic(make_model, make_inputs, loss_fn, sizes=SIZES):
         _grads(make_model, make_inputs, loss_fn, n, use_camlir=True)
     _, artifact = compiled._compiled[-1]
     assert artifact.retraced.symbolic, "the capture did not become symbolic"
-    program, guard = pipeline.make_cpu(artifact.module, [], [], pipeline.Dump("dynamic test"), dynamic=True)
-    assert guard is not None and not guard.inlined
-    assert program.kernels and all(isinstance(k, abi.DynamicKernel) for k in program.kernels.values())
-    counting = _Counting(program)
+    counting = _Dynamic(artifact.module)
     artifact.program = counting
     # Batch 1 is outside the symbolic trace's guards (PyTorch specializes sizes 0 and 1), so
     # the capture would not be used for it: the guard is opened to run the kernels at 1 too.
@@ -78,7 +84,7 @@ def _check_dynamic(make_model, make_inputs, loss_fn, sizes=SIZES):
             if e is not None:
                 torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-5)
     assert len(compiled._compiled) == captures, "a size compiled again"
-    return program
+    return counting.program
 
 
 def test_elementwise():
@@ -126,3 +132,14 @@ def test_shape_function_of_a_kernel():
         module = ir.Module.parse(text)
         fn = shapes.derive(module.body.operations[0].operation)
     assert fn(torch.empty(5, 3), 5) == ((5, 3), (3,))
+
+
+def test_hooks_static_ones_traced_dynamic_ones_stay_calls():
+    def loss(m, x):
+        m.weight.register_hook(lambda g: g * 2)   # a parameter's gradient: static shape, traced
+        h = m(x)
+        h.register_hook(lambda g: g * 3)          # batch-sized: stays a Python call
+        return h.tanh().sum()
+
+    program = _check_dynamic(lambda: nn.Linear(6, 4), lambda n: [torch.randn(n, 6)], loss)
+    assert program.lowered_text.count('"ca.hook"') == 1

@@ -75,9 +75,12 @@ def test_verbose_logs_name_each_stage_once_per_compile():
     assert after[-1] == "llvm"
 
 
-def test_hooks_of_a_symbolic_capture_are_inlined_and_guarded():
+@pytest.mark.parametrize("dynamic", [False, None])
+def test_hooks_of_a_symbolic_capture_are_inlined_and_guarded(dynamic):
     # Sizes change, so the second capture is symbolic; its hook is traced for each size set
-    # after specialization, so it becomes kernel code instead of a Python call.
+    # after specialization (dynamic=False), or once into the program with dynamic sizes (the
+    # default: the hook's operand, the weight's gradient, has a static shape), so it becomes
+    # kernel code instead of a Python call.
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     twin = torch.nn.Linear(4, 3)
@@ -90,7 +93,7 @@ def test_hooks_of_a_symbolic_capture_are_inlined_and_guarded():
         handle = m.weight.register_hook(lambda g: g * s)
         try:
             if hooked:
-                with camlir.enable(backend="cpu"):
+                with camlir.enable(backend="cpu", dynamic=dynamic):
                     m(x).tanh().sum().backward()
             else:
                 m(x).tanh().sum().backward()
@@ -108,5 +111,9 @@ def test_hooks_of_a_symbolic_capture_are_inlined_and_guarded():
     symbolic = [p for _, backend, p in camlir.compiled_programs() if isinstance(p, SizeVariants)]
     assert len(symbolic) == 1
     assert "ca.hook" not in symbolic[0].lowered_text  # the hook became kernel code
-    # 16, 9 and the changed scale at 9 and 16 each compiled a variant: the hook guard saw 3.0.
-    assert len(symbolic[0].variants) == 2
+    if dynamic is False:
+        # 16, 9 and the changed scale at 9 and 16 each compiled a variant: the hook guard saw 3.0.
+        assert len(symbolic[0].variants) == 2
+    else:
+        # One program for every size, compiled again when the hook guard saw 3.0.
+        assert symbolic[0].dynamic is not None and not symbolic[0].variants
