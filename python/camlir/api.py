@@ -37,8 +37,17 @@ def enable(backend=None, fullgraph=None, dynamic=None):
         yield
 
 
+def clear_disk_cache() -> int:
+    """Empties the disk cache (`CAMLIR_CACHE_DIR`, or the per-user default); returns how many
+    entries it removed. The same from a shell: `python -m camlir.disk_store clear`."""
+    from . import disk_cache
+
+    return disk_cache.clear()
+
+
 def reset() -> None:
-    """Clears the counters and every in-memory cache (captured graphs, compiled artifacts)."""
+    """Clears the counters and every in-memory cache (captured graphs, compiled artifacts).
+    The disk cache stays: `clear_disk_cache()` empties it."""
     engine.reset()
     compiled.forget_graphs()
     counters.clear()

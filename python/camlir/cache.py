@@ -251,10 +251,13 @@ class SizeVariants:
     driver's gate, which counts, times, records and limits it (it raises
     `RecompileLimitReached`, which passes through). The specialised key is the lifted
     sizes plus the shapes of the arguments with dynamic dims; a program whose hook guard
-    fails is compiled again for the new hooks.
+    fails is compiled again for the new hooks. With `stored` (the disk cache), a program
+    is looked up there before it is compiled, and stored once it is.
     """
 
-    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, compile_dynamic, fallback, compiling):
+    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, compile_dynamic, fallback, compiling,
+                 stored=None):
+        self.stored = stored  # .load(name) -> (program, guard) | None, .save(name, program, guard): disk
         self.n_inputs = n_inputs
         self.dynamic_args = dynamic_args
         self.compile_variant = compile_variant
@@ -283,6 +286,11 @@ class SizeVariants:
             if program is not None:
                 return program
         variant = self.variants.get(key)
+        if variant is None and self.stored is not None:
+            loaded = self.stored.load(f"sizes {key}")
+            if loaded is not None:
+                self._note(loaded[0])
+                variant = self.variants[key] = _Variant(*loaded)
         if variant is None:
             variant = self._compile(key, args, hooks, "sizes", "new sizes", self.last_sizes, list(key[0]))
         elif variant.guard is not None and not variant.guard.holds(hooks):
@@ -297,6 +305,11 @@ class SizeVariants:
             return self.dynamic.program
         if self.dynamic is None:
             what, reason = "sizes", "sizes change: one program with dynamic sizes"
+            loaded = self.stored.load("dynamic") if self.stored is not None else None
+            if loaded is not None:
+                self._note(loaded[0])
+                self.dynamic = _Variant(*loaded)
+                return self._dynamic_program(key, args, hooks)
         else:
             what, reason = "hooks", self.dynamic.guard.reason(hooks)
         try:
@@ -313,6 +326,8 @@ class SizeVariants:
             return None
         self._note(program)
         self.dynamic = _Variant(program, guard)
+        if self.stored is not None:
+            self.stored.save("dynamic", program, guard)
         return program
 
     def _note(self, program) -> None:
@@ -338,4 +353,6 @@ class SizeVariants:
         self.last_sizes = list(sizes)
         variant = _Variant(program, guard)
         self.variants[key] = variant
+        if self.stored is not None:
+            self.stored.save(f"sizes {key}", program, guard)
         return variant

@@ -23,11 +23,14 @@ import time
 import torch
 from torch_mlir import ir
 
-from . import effects, events, logs, pipeline
+from . import disk_cache, effects, events, logs, pipeline
+from .backends.cpu import persist
+from .backends.cpu.program import CpuProgram
 from .backends.eager import InterpreterError
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, plain_sizes
+from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import UnsupportedError
 from .settings import active_settings, config
@@ -74,6 +77,7 @@ class CompiledBackward:
         self.compile_log = []   # their reasons, for the recompile-limit warning
         self._miss = None       # (what, reason) of the last guard that failed in a lookup
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
+        self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
@@ -93,6 +97,8 @@ class CompiledBackward:
         sizes_ = plain_sizes(sizes)
         try:
             artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
+            if artifact is None:
+                artifact = self._from_disk(settings, inputs, sizes_, scalars, hooks)
             if artifact is None:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
             args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
@@ -192,7 +198,76 @@ class CompiledBackward:
         self.artifacts.add(artifact)
         _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
+        if self._disk_key is not None:
+            self._store(self._disk_key, artifact, text)
         return artifact
+
+    # ------------------------------------------------------------------ the disk cache
+
+    def _from_disk(self, settings, inputs, sizes, scalars, hooks):
+        """The artifact stored for this call by an earlier process, or None (and the key
+        to store this call's artifact under, in `_disk_key`). See disk_cache.py."""
+        self._disk_key = None
+        if settings.backend != "cpu" or not disk_cache.enabled():
+            return None
+        start = time.perf_counter()
+        key = disk_cache.graph_key(self.gm, inputs, sizes, scalars, hooks, settings.backend, settings.dynamic)
+        self._disk_key = key
+        entry = disk_cache.store().get(key) if key is not None else None
+        if entry is None:
+            return None
+        try:
+            retraced = disk_cache.guards_from_meta(entry.meta["guards"])
+            context = make_context()
+            module = ir.Module.parse(entry.read("ca.mlir").decode(), context)
+            if retraced.symbolic:
+                program = self._size_variants(module, inputs, sizes, stored=_Stored(self, key, context))
+            else:
+                program = persist.from_files(entry, context)
+        except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never a failure
+            logs.log.warning("camlir: disk cache entry %s could not be used (%s: %s); compiling instead",
+                             key[:16], type(exc).__name__, exc)
+            return None
+        if not retraced.guards_hold(inputs, sizes) or not retraced.value_guard.holds(hooks):
+            return None
+        artifact = Artifact(retraced, module, program, settings.backend, None)
+        self.artifacts.add(artifact)
+        _compiled.append((self.capture_id, artifact))
+        self._disk_key = None  # nothing to store: it came from there
+        self._disk_hit("graph loaded from the disk cache", start)
+        return artifact
+
+    def _disk_hit(self, reason: str, start: float) -> None:
+        counters["disk_cache_hits"] += 1
+        events.record(events.Event(self.capture_id, "disk_hit", reason, "disk",
+                                   seconds=time.perf_counter() - start))
+
+    def _store(self, key: str, artifact: Artifact, module_text: str) -> None:
+        """Stores a fresh artifact under `key`, off the critical path, when it can be
+        rebuilt exactly in another process (disk_cache.py says what cannot)."""
+        try:
+            guards = disk_cache.guards_meta(artifact.retraced)
+        except disk_cache.Unkeyable as exc:
+            logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, exc)
+            return
+        program = artifact.program
+        if isinstance(program, SizeVariants):
+            program.stored = _Stored(self, key, None)
+            files, meta = {"ca.mlir": module_text.encode()}, {"guards": guards}
+            disk_cache.put_later(key, lambda: (files, meta))
+            return
+        why = _not_storable(program, artifact.hook_guard)
+        if why:
+            logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, why)
+            return
+
+        def make_files():
+            files, meta = persist.to_files(program)
+            files["ca.mlir"] = module_text.encode()
+            meta["guards"] = guards
+            return files, meta
+
+        disk_cache.put_later(key, make_files)
 
     def _eager_program(self, module):
         try:
@@ -236,7 +311,7 @@ class CompiledBackward:
                          for hook_id, why in sorted(guard.refused.items())
                          if kinds.get(hook_id) in TRACED_KINDS)
 
-    def _size_variants(self, module, inputs, sizes) -> SizeVariants:
+    def _size_variants(self, module, inputs, sizes, stored=None) -> SizeVariants:
         """A symbolic capture on the cpu: one program with dynamic sizes (or, where that
         fails or with `dynamic=False`, one per observed size set, each specialized,
         hook-traced and compiled by `pipeline.make_cpu`)."""
@@ -255,7 +330,47 @@ class CompiledBackward:
             return program, guard
 
         return SizeVariants(n_inputs, dynamic, compile_variant, compile_dynamic,
-                            lambda: self._eager_program(module), self.compiling)
+                            lambda: self._eager_program(module), self.compiling, stored)
+
+
+def _not_storable(program, hook_guard) -> str:
+    """Why a program cannot go to the disk cache ("" when it can)."""
+    if not isinstance(program, CpuProgram) or program.host_text is None:
+        return "it is not native code (interpreted)"
+    if hook_guard is not None and hook_guard.inlined:
+        return "it inlines Python hook bodies, whose guard holds only in this process"
+    return ""
+
+
+class _Stored:
+    """The disk side of a symbolic capture's programs (`SizeVariants.stored`): each is an
+    entry keyed on the capture's key plus "dynamic" or its size set."""
+
+    def __init__(self, owner: "CompiledBackward", key: str, context):
+        self.owner = owner
+        self.key = key
+        self.context = context
+
+    def load(self, name: str):
+        if not disk_cache.enabled():
+            return None
+        start = time.perf_counter()
+        entry = disk_cache.store().get(disk_cache.program_key(self.key, name))
+        if entry is None:
+            return None
+        try:
+            program = persist.from_files(entry, self.context or make_context())
+        except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
+            logs.log.warning("camlir: disk cache entry for %s could not be used (%s); compiling instead", name, exc)
+            return None
+        self.owner._disk_hit(f"program for {name} loaded from the disk cache", start)
+        return program, None
+
+    def save(self, name: str, program, guard) -> None:
+        why = _not_storable(program, guard)
+        if why or not disk_cache.enabled():
+            return
+        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: persist.to_files(program))
 
 
 def _describe(values) -> str:

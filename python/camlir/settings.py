@@ -5,6 +5,7 @@
     camlir.config.fullgraph = False
     camlir.config.dynamic = None   # None: sizes start static; after a change, compiled dynamic
     camlir.config.recompile_limit = 8  # compiles per graph before it runs uncompiled
+    camlir.config.disk_cache = True    # keep compiled programs on disk across processes
 
 Bad values are rejected when set, with a message that says what is accepted.
 
@@ -45,6 +46,7 @@ class Config:
         self.fullgraph = False
         self._dynamic = None
         self._recompile_limit = 8
+        self.disk_cache = True  # see camlir/disk_cache.py; CAMLIR_DISK_CACHE=0 also turns it off
 
     @property
     def enabled(self) -> bool:

@@ -1,10 +1,11 @@
 """Process-wide counters (`camlir.counters`), cleared by `camlir.reset()`.
 
 - captures: backward graphs handed to camlir by the autograd engine (cache misses);
-- compiles: captured graphs turned into a compiled artifact for a backend;
+- compiles: programs built (a captured graph's first, each new size set's or changed
+  hook's, the dynamic-size one): each is a run of the pipeline;
 - unique_graphs: distinct `ca` modules compiled (by their printed IR);
 - cache_hits: backward calls served by an artifact compiled earlier;
-- disk_cache_hits: artifacts loaded from the on-disk cache (no disk cache yet: stays 0);
+- disk_cache_hits: programs loaded from the disk cache instead of compiled (disk_cache.py);
 - fallbacks: backward graphs run by PyTorch instead, because camlir could not handle them;
 - interpreted: graphs the cpu backend could not compile, run by camlir's reference
   interpreter instead (correct, not fast; the log says why).

@@ -25,6 +25,9 @@ class CpuProgram:
     def __init__(self, host: ir.Operation, kernels: dict, arg_perms: list, lowered_text: str = "",
                  compile_seconds: float = 0.0):
         self.kernels = kernels
+        self.host_text = None  # set by whoever can rebuild it (pipeline.make_cpu): for the disk cache
+        self.engine = None
+        self.dynamic = False
         self.arg_perms = arg_perms
         self.lowered_text = lowered_text
         self.compile_seconds = compile_seconds

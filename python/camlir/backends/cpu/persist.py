@@ -1,0 +1,102 @@
+"""A compiled cpu program as files, and back: what the disk cache keeps of it.
+
+A `CpuProgram` is a host function (walked by the runtime) plus native kernels. Stored:
+
+    host.mlir    the host function and a private declaration of every kernel it calls
+                 (their types give the kernels' argument specs back)
+    kernels.so   the kernels' machine code, linked by `jit.shared_library` (absent when
+                 the program has no kernels)
+    meta         the input permutations, whether the kernels have dynamic dims, and each
+                 dynamic kernel's shape function (Python source, `shapes.derive`)
+
+Loading parses the host module (milliseconds) and loads the library: no re-trace, no
+lowering, no LLVM. `to_files` refuses (`NotStorable`) what cannot be rebuilt exactly that
+way: a program that is not a `CpuProgram` (the reference interpreter ran it instead).
+"""
+
+from torch_mlir import ir
+
+from camlir.backends.cpu import abi, jit
+from camlir.backends.cpu.program import CpuProgram
+from camlir.backends.cpu.shapes import ShapeFunction
+from camlir.dialects.ca.ir_helpers import func_name, function_type, funcs, is_kernel, require_func
+
+FORMAT = 1
+
+
+class NotStorable(RuntimeError):
+    """This program cannot be stored; the message says why."""
+
+
+def host_text(module: ir.Module) -> str:
+    """The host module to store: every op of `module` but the kernels, which become
+    private declarations (`func.func private @k(tensor<4xf32>) -> tensor<4xf32>`)."""
+    kernels = {func_name(fn): fn for fn in funcs(module, is_kernel)}
+    parts = []
+    for op in module.body.operations:
+        op = op.operation
+        name = func_name(op) if op.name == "func.func" else None
+        if name in kernels:
+            ftype = function_type(op)
+            ins = ", ".join(str(t) for t in ftype.inputs)
+            outs = ", ".join(str(t) for t in ftype.results)
+            parts.append(f"func.func private @{name}({ins}) -> ({outs})")
+        else:
+            parts.append(str(op))
+    return "module {\n" + "\n".join(parts) + "\n}\n"
+
+
+def to_files(program) -> tuple:
+    """(files, meta) for `DiskStore.put`. Links the kernels' machine code (~0.2 s: the
+    caller runs it off the critical path)."""
+    if not isinstance(program, CpuProgram) or getattr(program, "host_text", None) is None:
+        raise NotStorable(f"a {type(program).__name__} is not native code")
+    files = {"host.mlir": program.host_text.encode()}
+    if program.engine is not None:
+        files["kernels.so"] = jit.shared_library(jit.object_code(program.engine))
+    meta = {
+        "format": FORMAT,
+        "perms": [list(p) if p is not None else None for p in program.arg_perms],
+        "dynamic": program.dynamic,
+        "shape_functions": {name: k.shape_fn.source for name, k in program.kernels.items()
+                            if getattr(k, "shape_fn", None) is not None},
+        "not_native": getattr(program, "not_native", ""),
+        "compile_seconds": program.compile_seconds,
+    }
+    return files, meta
+
+
+def from_files(entry, context: ir.Context) -> CpuProgram:
+    """The program `to_files` stored, rebuilt from a verified `disk_store.Entry`."""
+    meta = entry.meta
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"stored program format {meta.get('format')!r}, expected {FORMAT}")
+    dynamic = bool(meta["dynamic"])
+    text = entry.read("host.mlir").decode()
+    with context, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        library = jit.SharedKernels(entry.read("kernels.so")) if "kernels.so" in entry.names() else None
+        kernels = {}
+        for op in module.body.operations:
+            op = op.operation
+            if op.name != "func.func" or len(op.regions[0].blocks) or func_name(op) == "backward":
+                continue
+            name = func_name(op)
+            ftype = function_type(op)
+            ins = [abi.spec_of(t, dynamic) for t in ftype.inputs]
+            outs = [abi.TensorSpec.from_type(t, dynamic) for t in ftype.results]
+            if library is None:
+                raise ValueError(f"the stored host calls kernel @{name} but no kernels.so is stored")
+            if dynamic:
+                shape_fn = ShapeFunction(meta["shape_functions"][name], name)
+                kernels[name] = abi.DynamicKernel(library, name, ins, outs, shape_fn)
+            else:
+                kernels[name] = abi.Kernel(library, name, ins, outs)
+        perms = [tuple(p) if p is not None else None for p in meta["perms"]]
+        program = CpuProgram(require_func(module, "backward"), kernels, perms, "", 0.0)
+    program.module = module  # keeps the parsed IR alive with the program
+    program.host_text = text
+    program.engine = None
+    program.dynamic = dynamic
+    program.not_native = meta.get("not_native", "")
+    return program
