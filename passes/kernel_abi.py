@@ -20,6 +20,8 @@ class PrepareKernelABI(CAPass):
     `i1` result is returned as `i8` (`arith.extui`). Why: a torch bool is one byte per
     element, and so is a scalar `i1` load, but the vectorizer's `vector<8xi1>` load reads
     8 packed bits: `torch.where` backwards read their mask wrong (found by the fuzzer).
+    Scalar arguments (the lifted sizes of a kernel with dynamic dims, `i64`) get no
+    attribute.
 
     Before:
     ```mlir

@@ -96,7 +96,9 @@ class OutlineKernels(CAPass):
     before, ops marked `ca.host`, and extern ops. Accumulation
     does not cut a run: it moves after the kernel that computes its gradient (no compute
     reads `.grad`, and it never moves past a hook, which might). Constants and list
-    constructions stay on the host and are cloned into every kernel that reads them.
+    constructions stay on the host and are cloned into every kernel that reads them; a
+    host scalar such a list is built from (a symbolic capture's lifted size, from
+    `ca.size`) becomes a kernel argument (`!torch.int`, `i64` once lowered).
     Requires flat code (`ca-flatten-nodes` first).
 
     Before:

@@ -7,7 +7,7 @@ Shared by every backend (once per capture):
 
 The reference backend ("eager") interprets that module as it is (`make_eager`). The cpu
 backend compiles it (`make_cpu`, once per variant: a static capture has one; a symbolic
-capture one per size set, see `cache.SizeVariants`):
+capture one per size set, or one for all sizes with `dynamic=True`; see `cache.SizeVariants`):
 
     specialize   sizes become constants (symbolic captures only)   ca-flatten-nodes, ca-specialize-shapes
     trace-hooks  safe Python hooks traced into @hook_<id> bodies    capture/hook_trace.py
@@ -23,6 +23,15 @@ capture one per size set, see `cache.SizeVariants`):
     loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
     llvm         the LLVM dialect
     jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
+
+With `dynamic=True` (a symbolic capture compiled once for every size its guards accept):
+no specialize; trace-hooks traces only hooks whose operands have static shapes (the others
+stay Python calls); kernels keep `?` dims and take the lifted sizes they read as `i64`
+arguments; split also derives each kernel's output-shape function (backends/cpu/shapes.py:
+resolve-ranked-shaped-type-result-dims on a clone, then a few lines of Python); bufferize
+hoists dynamic result allocations into the out-params (hoist-dynamic-allocs); the runtime
+kernel is `abi.DynamicKernel` (sizes and strides written per call, outputs allocated with
+the shapes the shape function computes).
 
 Every stage is dumpable, the same way:
 - `CA_LOGS=verbose` logs the IR after each stage ("graph 3, after stage 'linalg':");

@@ -74,3 +74,25 @@ func.func @backward(%g: !torch.vtensor<[4],f32>) {
   return
 }
 
+
+// -----
+
+// A symbolic capture's lifted size: the list that reads it is cloned into the kernel, and
+// the size (a host scalar, not cloneable) becomes a kernel argument.
+// CHECK-LABEL: func.func @backward
+// CHECK-SAME: (%[[G:[a-z0-9]+]]: !torch.vtensor<[],f32>, %[[S:[a-z0-9]+]]: !torch.int, %[[P:[a-z0-9]+]]: !torch.vtensor<[?,3],f32>)
+// CHECK-NEXT: %[[N:.*]] = "ca.size"(%[[S]])
+// CHECK-NEXT: %[[K:.*]] = call @backward_kernel_0(%[[G]], %[[N]]) : (!torch.vtensor<[],f32>, !torch.int) -> !torch.vtensor<[?,3],f32>
+// CHECK-NEXT: "ca.accumulate_grad"(%[[P]], %[[K]])
+// CHECK: func.func private @backward_kernel_0(%[[A:[a-z0-9]+]]: !torch.vtensor<[],f32>, %[[B:[a-z0-9]+]]: !torch.int) -> !torch.vtensor<[?,3],f32> attributes {ca.kernel}
+// CHECK: torch.prim.ListConstruct %[[B]], %{{.*}} : (!torch.int, !torch.int) -> !torch.list<int>
+// CHECK: torch.aten.expand %[[A]]
+func.func @backward(%g: !torch.vtensor<[],f32>, %s: !torch.int, %p: !torch.vtensor<[?,3],f32>) {
+  %n = "ca.size"(%s) {index = 0 : i64} : (!torch.int) -> !torch.int
+  %int3 = torch.constant.int 3
+  %l = torch.prim.ListConstruct %n, %int3 : (!torch.int, !torch.int) -> !torch.list<int>
+  %false = torch.constant.bool false
+  %0 = torch.aten.expand %g, %l, %false : !torch.vtensor<[],f32>, !torch.list<int>, !torch.bool -> !torch.vtensor<[?,3],f32>
+  "ca.accumulate_grad"(%p, %0) : (!torch.vtensor<[?,3],f32>, !torch.vtensor<[?,3],f32>) -> ()
+  return
+}

@@ -46,3 +46,10 @@ func.func private @select(%m: tensor<4xi1>, %x: tensor<4xf32>) -> tensor<4xf32> 
   } -> tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// A scalar argument (a lifted size of a kernel with dynamic dims) gets no attribute.
+// CHECK-LABEL: func.func public @sized(
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<?x3xf32> {bufferization.writable = false}, %{{[a-z0-9]+}}: i64)
+func.func private @sized(%a: tensor<?x3xf32>, %n: i64) -> tensor<?x3xf32> attributes {ca.kernel} {
+  return %a : tensor<?x3xf32>
+}

@@ -14,3 +14,15 @@ func.func @backward(%w: !torch.vtensor<[4,3],f32>, %p: !torch.vtensor<[4,3],f32>
   return
 }
 
+
+// -----
+
+// Dynamic dims are permuted like static ones (a program compiled with dynamic dims).
+// CHECK-LABEL: func.func @backward
+// CHECK-SAME: (%[[W:[a-z0-9]+]]: !torch.vtensor<[3,?],f32>
+// CHECK: torch.aten.permute %[[W]], %{{[0-9]+}} : !torch.vtensor<[3,?],f32>, !torch.list<int> -> !torch.vtensor<[?,3],f32>
+func.func @backward(%w: !torch.vtensor<[?,3],f32>, %p: !torch.vtensor<[?,3],f32>) {
+  %0 = torch.aten.mul.Tensor %w, %w : !torch.vtensor<[?,3],f32>, !torch.vtensor<[?,3],f32> -> !torch.vtensor<[?,3],f32>
+  "ca.accumulate_grad"(%p, %0) : (!torch.vtensor<[?,3],f32>, !torch.vtensor<[?,3],f32>) -> ()
+  return
+}

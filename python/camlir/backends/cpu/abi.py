@@ -178,7 +178,8 @@ class DynamicKernel:
     order; `outputs` the results' `TensorSpec`s; `shape_fn(*args)` returns each output's
     shape for this call's arguments (`shapes.derive`; it raises `shapes.ShapeError` where
     the kernel's own size check would abort). Per call: one shape function call, and per
-    tensor two pointers, its sizes and its strides written into the prebuilt descriptors.
+    tensor two pointers written into the prebuilt descriptors, plus its sizes and strides
+    when its spec has dynamic dims and its shape differs from the last call's.
 
     An output with dynamic dims was an allocation inside the kernel before
     `buffer-results-to-out-params{hoist-dynamic-allocs}` made it the out-parameter; an output
@@ -213,14 +214,21 @@ class DynamicKernel:
             ptr_ptr = ctypes.pointer(ptr)
             self._keep += [desc, ptr, ptr_ptr]
             self._packed[i] = ctypes.cast(ptr_ptr, ctypes.c_void_p)
-            entry = (i, desc, len(spec.shape) > 0)
+            if None not in spec.shape:  # static: sizes and strides written once
+                if spec.shape:
+                    desc.sizes[:] = list(spec.shape)
+                    desc.strides[:] = _contiguous_strides(spec.shape)
+                entry = [i, desc, None]
+            else:
+                entry = [i, desc, ()]  # the shape last written (rewritten when it changes)
             (self._tensor_in if i < len(inputs) else self._out).append(entry)
         self._out_dtypes = [s.dtype for s in outputs]
 
     def __call__(self, args: list) -> list:
         shapes = self.shape_fn(*args)
         keep = []
-        for i, desc, ranked in self._tensor_in:
+        for entry in self._tensor_in:
+            i, desc, last = entry
             t = args[i]
             if not t.is_contiguous():
                 t = t.contiguous()
@@ -228,21 +236,24 @@ class DynamicKernel:
             p = t.data_ptr()
             desc.allocated = p
             desc.aligned = p
-            if ranked:
+            if last is not None:
                 shape = t.shape
-                desc.sizes[:] = shape
-                desc.strides[:] = _strides(shape)
+                if shape != last:
+                    desc.sizes[:] = shape
+                    desc.strides[:] = _strides(shape)
+                    entry[2] = shape
         for i, slot in self._scalar_in:
             slot.value = args[i]
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in zip(shapes, self._out_dtypes)]
-        for (i, desc, ranked), t in zip(self._out, outs):
+        for entry, t, shape in zip(self._out, outs, shapes):
+            i, desc, last = entry
             p = t.data_ptr()
             desc.allocated = p
             desc.aligned = p
-            if ranked:
-                shape = t.shape
+            if last is not None and shape != last:
                 desc.sizes[:] = shape
                 desc.strides[:] = _strides(shape)
+                entry[2] = shape
         self._fn(self._packed)
         del keep
         return outs

@@ -5,6 +5,11 @@ kernels and the host function (what ca-outline-kernels left in `@backward`). A c
 the host program's steps: a kernel call (native, through pre-built descriptors), a hook
 that stayed a Python call, an accumulation into `.grad` (PyTorch's own rule: steal or
 assign when `.grad` is None, add in place otherwise), an op kept on the host (through torch).
+
+A program compiled with dynamic dims (`make_cpu(..., dynamic=True)`) is called the same way,
+with the lifted sizes (plain ints) after the inputs: its kernels are `abi.DynamicKernel`s,
+which take the sizes they read as scalar arguments and allocate outputs of this call's
+shapes.
 """
 
 from torch._dynamo.external_utils import call_accumulate_grad
@@ -42,6 +47,8 @@ class CpuProgram:
             return lambda ins, rt: kernel(ins)
         if op.name.startswith("torch_c."):
             return ALIAS  # only the static type changes
+        if op.name == "ca.size" and "value" not in op.attributes:
+            return ALIAS  # a lifted size, already a plain int (a dynamic program's argument)
         return None
 
     def __call__(self, args, hooks, callbacks=()):
