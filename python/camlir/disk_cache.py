@@ -236,6 +236,8 @@ def guards_meta(retraced) -> dict:
     """The re-trace's guards as JSON; raises Unkeyable for a ctx value that is not plain."""
     values = []
     for (slot, attribute), (value, by_value, label) in retraced.value_guard.entries.items():
+        if attribute == "_forward_cls" and not by_value:
+            continue  # the custom Function itself: its name and backward's code are in the key
         if not by_value or not isinstance(value, _SIMPLE) or (isinstance(value, float) and value != value):
             raise Unkeyable(f"{label} is baked by identity or is not a plain value")
         values.append([slot, attribute, value, label])
