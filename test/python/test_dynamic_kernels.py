@@ -143,3 +143,46 @@ def test_hooks_static_ones_traced_dynamic_ones_stay_calls():
 
     program = _check_dynamic(lambda: nn.Linear(6, 4), lambda n: [torch.randn(n, 6)], loss)
     assert program.lowered_text.count('"ca.hook"') == 1
+
+
+def test_layer_norm_view_and_cat():
+    def loss(m, x):
+        h = m(x)
+        return torch.cat([h.view(-1, 2, 4).softmax(-1).flatten(1), x.exp()], 0).sum()
+
+    _check_dynamic(lambda: nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), lambda n: [torch.randn(n, 8)], loss)
+
+
+def test_a_result_shape_that_does_not_resolve_is_refused():
+    # max(dim=0)'s backward scatters in an scf.for loop: the dim of the loop's result does
+    # not resolve to the arguments, so no shape function: a StageError (the driver then
+    # compiles per size set), never a process abort.
+    for n in (10, 100):
+        _grads(lambda: nn.Linear(4, 4), lambda n: [torch.randn(n, 4)],
+               lambda m, x: m(x).max(dim=0).values.sum(), n, use_camlir=True)
+    _, artifact = compiled._compiled[-1]
+    assert artifact.retraced.symbolic
+    with pytest.raises(pipeline.StageError, match="stage 'split'.*shape function cannot compute"):
+        pipeline.make_cpu(artifact.module, [], [], pipeline.Dump("dynamic test"), dynamic=True)
+
+
+def test_shape_function_raises_where_the_kernel_would_abort():
+    from torch_mlir import ir
+
+    from camlir.context import make_context
+
+    text = """
+    func.func @k(%a: tensor<?xf32>, %b: tensor<?xf32>) -> tensor<?xf32> {
+      %c0 = arith.constant 0 : index
+      %d = tensor.dim %a, %c0 : tensor<?xf32>
+      %e = tensor.dim %b, %c0 : tensor<?xf32>
+      %ok = arith.cmpi eq, %d, %e : index
+      cf.assert %ok, "mismatched size for broadcast"
+      return %a : tensor<?xf32>
+    }"""
+    with make_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = shapes.derive(module.body.operations[0].operation)
+    assert fn(torch.empty(4), torch.empty(4)) == ((4,),)
+    with pytest.raises(shapes.ShapeError, match="mismatched size"):
+        fn(torch.empty(4), torch.empty(5))

@@ -131,7 +131,7 @@ def _resolved_dims(kernel: ir.Operation, layout: list) -> ir.Module:
             pm = build_pass_manager(parse_pipeline(_PASSES), context)
             pm.run(scratch.operation)
         except (ir.MLIRError, ValueError) as exc:
-            raise ShapeError(f"kernel @{func_name(kernel)}: its result shapes do not resolve: {exc}") from exc
+            raise ShapeError(f"its result shapes do not resolve: {exc}") from exc
     return scratch
 
 
@@ -157,8 +157,8 @@ def _translate(fn: ir.Operation, name: str) -> tuple:
 
     for v in ret.operands:
         if not ok(v):
-            raise ShapeError(f"kernel @{name}: a result dim depends on {v.owner.operation.name}, "
-                             f"which the shape function cannot compute")
+            raise ShapeError(f"a result dim depends on {v.owner.operation.name}, which the shape "
+                             f"function cannot compute (e.g. a dim of a loop's result: a scatter)")
     asserts = [op for op in ops if op.name == "cf.assert" and ok(op.operands[0])]
     needed = set()
 
