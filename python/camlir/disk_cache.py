@@ -50,6 +50,7 @@ import torch
 
 from camlir import logs
 from camlir.cache import ValueGuard
+from camlir.capture.retrace import CompiledGuards
 from camlir.disk_store import DiskStore
 
 FORMAT = 1
@@ -215,6 +216,7 @@ class StoredGuards:
     def __init__(self, symbolic: bool, guards_code: Optional[str], static_shapes: dict, value_guard: ValueGuard):
         self.symbolic = symbolic
         self.guards_code = guards_code
+        self._guards = CompiledGuards(guards_code)
         self.static_shapes = static_shapes
         self.value_guard = value_guard
 
@@ -224,12 +226,7 @@ class StoredGuards:
         for i, shape in self.static_shapes.items():
             if tuple(inputs[i].shape) != shape:
                 return False
-        if not self.guards_code:
-            return True
-        from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-
-        args = list(inputs) + list(sizes)
-        return bool(eval(self.guards_code, SYMPY_INTERP, {"L": {f"t{i}": a for i, a in enumerate(args)}}))
+        return self._guards(list(inputs) + list(sizes))
 
 
 def guards_meta(retraced) -> dict:
