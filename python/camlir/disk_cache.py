@@ -247,6 +247,7 @@ def guards_meta(retraced) -> dict:
 
 
 def guards_from_meta(meta: dict) -> StoredGuards:
+    """The guards `guards_meta` stored, ready to check calls against."""
     guard = ValueGuard()
     for slot, attribute, value, label in meta["values"]:
         guard.add(slot, attribute, value, True, label)
@@ -272,6 +273,7 @@ def store() -> DiskStore:
 
 
 def enabled() -> bool:
+    """Whether the disk cache is on: `config.disk_cache`, unless `CAMLIR_DISK_CACHE=0`."""
     from camlir.settings import config
 
     return config.disk_cache and os.environ.get("CAMLIR_DISK_CACHE", "1") not in ("0", "false", "off", "")

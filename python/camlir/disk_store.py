@@ -574,6 +574,7 @@ def _human(n: int) -> str:
 
 
 def main(argv=None) -> int:
+    """`python -m camlir.disk_store info|clear [--dir D]`; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m camlir.disk_store",
                                      description="Inspect or empty camlir's on-disk cache.")
     parser.add_argument("command", choices=("info", "clear"),
