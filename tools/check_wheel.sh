@@ -81,8 +81,8 @@ if ! grep -q -w -e 'ca-outline-kernels' <<<"$passes"; then
 fi
 echo "ok: lists ca-outline-kernels"
 
-echo "== wheel: compile_backward (cpu backend) matches eager PyTorch"
-env -u PYTHONPATH "$tmp/venv/bin/python" -I - "$tmp/venv" <<'EOF'
+echo "== wheel: compile_backward (cpu backend) matches eager PyTorch; a second process loads it from disk"
+cat > "$tmp/step.py" <<'EOF'
 import os, sys
 import torch
 import camlir
@@ -104,8 +104,14 @@ camlir.compile_backward(model(x).tanh().sum(), fullgraph=True)
 for name, p in model.named_parameters():
     torch.testing.assert_close(p.grad, dict(reference.named_parameters())[name].grad)
 counters = dict(camlir.counters)
-assert camlir.counters["compiles"] >= 1, counters
+if sys.argv[2] == "cold":
+    assert counters["compiles"] >= 1 and counters["disk_cache_hits"] == 0, counters
+else:  # the same step in a new process: everything from the disk cache
+    assert counters["compiles"] == 0 and counters["disk_cache_hits"] >= 1, counters
 assert camlir.counters.get("fallbacks", 0) == 0, counters
 assert camlir.counters.get("interpreted", 0) == 0, counters
-print(f"ok: camlir from {where}; grads match eager; counters {counters}")
+print(f"ok ({sys.argv[2]}): camlir from {where}; grads match eager; counters {counters}")
 EOF
+for run in cold from-disk; do
+  env -u PYTHONPATH CAMLIR_DISK_CACHE=1 CAMLIR_CACHE_DIR="$tmp/cache" "$tmp/venv/bin/python" -I "$tmp/step.py" "$tmp/venv" "$run"
+done
