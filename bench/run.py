@@ -327,8 +327,10 @@ def report(rows: list, info: dict, command: str, quick: bool, started: str, minu
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default=",".join(workloads.NAMES),
-                        help=f"comma-separated, from {','.join(workloads.NAMES)} (default: all)")
+    parser.add_argument("--workloads", default=",".join(workloads.DEFAULT),
+                        help=f"comma-separated, from {','.join(workloads.NAMES)}; 'real' stands for "
+                             f"{','.join(workloads.REAL_MODELS)}, 'all' for every workload "
+                             f"(default: {','.join(workloads.DEFAULT)})")
     parser.add_argument("--threads", default="1,2", help="torch.set_num_threads values (default 1,2)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="eager, ca_inductor, camlir_<backend> (default: %(default)s)")
@@ -338,7 +340,9 @@ def parse_args(argv):
     parser.add_argument("--out", help="write the markdown report here (e.g. docs/benchmarks.md)")
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args(argv)
-    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    groups = {"all": workloads.NAMES, "real": workloads.REAL_MODELS}
+    args.workloads = [name for w in args.workloads.split(",") if w.strip()
+                      for name in groups.get(w.strip(), (w.strip(),))]
     unknown = [w for w in args.workloads if w not in workloads.NAMES]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(workloads.NAMES)}")
@@ -362,7 +366,15 @@ def main(argv=None) -> list:
     info = machine()
     rows = []
     for workload in args.workloads:
+        reason = workloads.missing(workload)  # e.g. GPT2 without transformers: skipped, not fatal
+        if reason:
+            log(f"  skipping {workload}: {reason}")
         for threads in args.threads:
+            if reason:
+                rows.append({"workload": workload, "threads": threads, "variant": ",".join(args.variants),
+                             "error": None, "skipped": reason, "notes": [f"SKIPPED: {reason}"],
+                             "iters": 0})
+                continue
             rows += run_group(workload, threads, args.variants, settings, log)
     minutes = (time.monotonic() - t0) / 60
     command = "python -m bench.run" + "".join(" " + shlex.quote(a) for a in argv)
