@@ -4,6 +4,7 @@ from typing import Optional
 
 from .approximate_math import ApproximateMath
 from .copies_to_linalg import CopiesToLinalg
+from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fuse_elementwise import FuseElementwise
 from .inline_hooks import InlineHooks
@@ -17,8 +18,8 @@ from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
-          FuseElementwise, UniqueKernelResults, ApproximateMath, PrepareKernelABI, CopiesToLinalg, MatmulToBlas,
-          DefineBlasWrappers)
+          FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
+          MatmulToBlas, DefineBlasWrappers)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

@@ -17,11 +17,12 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
     linalg       kernels to linalg on tensors, fused               ca-lower-to-linalg, ca-fuse-elementwise,
                                                                     ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
-    math         f32 exp/erf as vectorizable polynomials           ca-approximate-math
+    math         pow by small constant exponents as multiplications ca-expand-powers, ca-approximate-math
+                 and sqrt; f32 exp/erf/tanh as vectorizable polynomials
     bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
     blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
     loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
-    llvm         the LLVM dialect
+    llvm         the LLVM dialect; a powi left on vectors per lane  convert-math-to-funcs, convert-*-to-llvm
     jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
 
 With `dynamic=True` (a symbolic capture compiled once for every size its guards accept):
@@ -243,8 +244,10 @@ def split(module: ir.Module, dump: Dump, dynamic: bool = False) -> tuple:
 
 
 def math(kernel_module: ir.Module, dump: Dump) -> None:
-    """math: f32 exp/erf as polynomials the vectorizer can take (libm calls stop it)."""
-    run_stage("math", kernel_module, ["ca-approximate-math"], dump)
+    """math: pow by a constant small integer (or +-0.5) as multiplications and sqrt (a
+    vector `powi` has no LLVM form), and f32 exp/erf/tanh as polynomials the vectorizer
+    can take (libm calls stop it)."""
+    run_stage("math", kernel_module, ["ca-expand-powers", "ca-approximate-math"], dump)
 
 
 def bufferize(kernel_module: ir.Module, dump: Dump, dynamic: bool = False) -> None:
@@ -288,6 +291,10 @@ _TO_LLVM = [
     "convert-scf-to-cf",
     "expand-strided-metadata",
     "lower-affine",
+    # fpowi/ipowi the math stage left (non-constant or large exponents): as calls of
+    # generated functions, a vector one unrolled per lane; `llvm.intr.powi` takes no
+    # vector exponent, and such an op used to make the whole module take scalar loops.
+    "convert-math-to-funcs",
     "convert-math-to-llvm",
     "convert-math-to-libm",    # f64 erf and friends
     "convert-vector-to-llvm",  # also lowers the vectorizer's transfer ops to loads/stores
