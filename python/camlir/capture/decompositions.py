@@ -50,6 +50,26 @@ _DECOMPOSED = [
     # LeakyReluBackward0: torch-mlir lowers it WRONG (as `min(0, x) * slope + max(0, grad)`,
     # the forward's shape, not `grad * (x > 0 ? 1 : slope)`); found by the program fuzzer.
     aten.leaky_relu_backward,
+    # Activation backwards torch-mlir has no lowering for (each was a host op that cut the
+    # backward into several kernels: MobileNetV3's hardswish/hardsigmoid made ~62 kernels).
+    # PyTorch's decompositions are `where`s and elementwise ops with eager's boundaries:
+    # hardswish: 0 for x <= -3, grad*(x/3 + 0.5) for -3 < x < 3, grad for x >= 3;
+    # hardsigmoid: grad/6 for -3 < x < 3, else 0. Mish, log-sigmoid (reads the forward's
+    # saved `buffer` = exp(-|x|), as eager's cpu kernel does), PReLU, GLU (slices + cat).
+    aten.hardswish_backward,
+    aten.hardsigmoid_backward,
+    aten.mish_backward,
+    aten.log_sigmoid_backward,
+    aten._prelu_kernel_backward,
+    aten.glu_backward,
+    # HardtanhBackward0 (also ReLU6's): torch-mlir lowers it with the wrong boundaries, the
+    # gradient passes at x == min_val and x == max_val where eager's is 0 (measured: relu6
+    # at x = 0 and 6, hardtanh at -1 and 1).
+    aten.hardtanh_backward,
+    # RreluWithNoiseBackward0 (F.rrelu(training=False)): torch-mlir's lowering returned
+    # x * slope instead of grad * slope; PyTorch's decomposition is leaky_relu_backward
+    # (decomposed above) in eval mode and grad * noise in training.
+    aten.rrelu_with_noise_backward,
 ]
 
 
@@ -63,6 +83,13 @@ def _gelu_backward(grad, x, approximate="none"):
     from torch._decomp.decompositions import gelu_backward
 
     return gelu_backward(grad, x, approximate=approximate)
+
+
+def _shrink_backward(grad, x, lambd):
+    """SoftshrinkBackward0 / HardshrinkBackward0 (no lowering in torch-mlir, no PyTorch
+    decomposition): eager's cpu kernel gives 0 where -lambd <= x <= lambd (both ends
+    included), else grad; NaN passes grad, as there."""
+    return torch.where((x >= -lambd) & (x <= lambd), torch.zeros_like(grad), grad)
 
 
 def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
@@ -102,6 +129,8 @@ def decomposition_table() -> dict:
     table = get_decompositions(_DECOMPOSED)
     table[aten.gelu_backward.default] = _gelu_backward
     table[aten.embedding_dense_backward.default] = _embedding_dense_backward
+    table[aten.softshrink_backward.default] = _shrink_backward
+    table[aten.hardshrink_backward.default] = _shrink_backward
     table[aten.sum.dim_IntList] = _sum_dim
     table[aten.sum.default] = _sum
     return table
