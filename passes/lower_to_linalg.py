@@ -11,6 +11,13 @@ from .base import CAPass, PassFailure
 from .outline_kernels import HOST_ATTR, is_cloneable, outline_runs
 
 
+# With `twins=true`, each kernel's torch-dialect original stays in the module as a private
+# function `@<kernel>__torch` with `ca.torch_twin = "<kernel>"`: the cpu runtime can run a
+# kernel's ops through torch instead, where that measures faster (backends/cpu/choice.py).
+TWIN_ATTR = "ca.torch_twin"
+TWIN_SUFFIX = "__torch"
+
+
 @dataclasses.dataclass(frozen=True)
 class LowerToLinalg(CAPass):
     """Lowers every `ca.kernel` function to linalg on builtin tensors (torch-mlir's
@@ -28,6 +35,10 @@ class LowerToLinalg(CAPass):
     `ca.host`, the rest is outlined again around it, and the new kernels are lowered. Each
     such move is recorded in the module attribute `ca.host_ops` (op names, for logs). The
     failing op is found from the locations of the lowering's diagnostics, not their text.
+
+    Option `twins` (default false): keep each kernel's torch-dialect original as a private
+    function `@<kernel>__torch` marked `ca.torch_twin = "<kernel>"`, for the cpu runtime's
+    measured choice between the native kernel and the same ops run through torch.
 
     Before:
     ```mlir
@@ -54,20 +65,21 @@ class LowerToLinalg(CAPass):
     summary = "Lower ca.kernel functions from the torch dialect to linalg on tensors"
 
     function: str = "backward"
+    twins: bool = False
 
     def run(self, module: ir.Operation) -> None:
         host = find_func(module, self.function)
         pending = funcs(module, is_kernel)
         moved = []
         while pending:
-            failure = _lower_kernels(module, pending)
+            failure = _lower_kernels(module, pending, self.twins)
             if failure is not None and not failure[1] and len(pending) > 1:
                 # The diagnostics did not point at an op: find the kernel by lowering them
                 # one at a time (those that lower are done).
                 failure = None
                 for k in list(pending):
                     pending.remove(k)
-                    failure = _lower_kernels(module, [k])
+                    failure = _lower_kernels(module, [k], self.twins)
                     if failure is not None:
                         break
             if failure is None:
@@ -89,9 +101,10 @@ class LowerToLinalg(CAPass):
         _cast_call_sites(module, {func_name(k) for k in funcs(module, is_kernel)})
 
 
-def _lower_kernels(module: ir.Operation, kernels: list):
-    """Lowers `kernels` in a scratch module and swaps them in. On failure nothing is swapped
-    and the result is (kernel, ops of that kernel that did not convert, the error)."""
+def _lower_kernels(module: ir.Operation, kernels: list, twins: bool = False):
+    """Lowers `kernels` in a scratch module and swaps them in (with `twins`, each torch-dialect
+    original stays as its twin, see `TWIN_ATTR`). On failure nothing is swapped and the
+    result is (kernel, ops of that kernel that did not convert, the error)."""
     from camlir.lowering.torch_to_linalg import LoweringError, lower_to_linalg
 
     with module.context, ir.Location.unknown():
@@ -114,7 +127,13 @@ def _lower_kernels(module: ir.Operation, kernels: list):
             new.attributes["sym_visibility"] = ir.StringAttr.get("private")
             new.attributes["ca.kernel"] = ir.UnitAttr.get()
             new.move_before(k)
-            k.erase()
+            if twins:
+                name = func_name(k)
+                k.attributes["sym_name"] = ir.StringAttr.get(name + TWIN_SUFFIX)
+                del k.attributes["ca.kernel"]
+                k.attributes[TWIN_ATTR] = ir.StringAttr.get(name)
+            else:
+                k.erase()
     return None
 
 

@@ -7,6 +7,7 @@ from torch_mlir import ir
 from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, ops_named
 
 from .base import CAPass
+from .lower_to_linalg import TWIN_ATTR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,8 @@ class UniqueKernelResults(CAPass):
     bufferization). A value returned twice, which CSE and fusion produce when two gradients
     are equal (`(x.sum() + y.sum()).backward()`), made bufferization write one buffer
     through two out-parameters and crashed the process; an argument returned as is needs no
-    kernel at all. The host side stays right: two accumulations of one tensor see a value
+    kernel at all. A kernel's torch twin (`ca-lower-to-linalg{twins=true}`) drops the same
+    results. The host side stays right: two accumulations of one tensor see a value
     with two uses, so neither steals it, and each `.grad` gets its own copy, as in eager.
 
     Before:
@@ -50,17 +52,36 @@ class UniqueKernelResults(CAPass):
         for fn in funcs(module, lambda fn: not is_kernel(fn)):
             for call in ops_named(fn, "func.call"):
                 calls.setdefault(ir.FlatSymbolRefAttr(call.attributes["callee"]).value, []).append(call)
+        twins = {ir.StringAttr(fn.attributes[TWIN_ATTR]).value: fn for fn in funcs(module)
+                 if TWIN_ATTR in fn.attributes}
         with module.context, ir.Location.unknown():
             for name, kernel in kernels.items():
-                _uniquify(kernel, calls.get(name, []))
+                kept = _uniquify(kernel, calls.get(name, []))
+                if kept is not None and name in twins:
+                    _keep_results(twins[name], kept)
 
 
-def _uniquify(kernel: ir.Operation, calls: list) -> None:
+def _keep_results(fn: ir.Operation, kept: list) -> None:
+    """A kernel's torch twin (ca-lower-to-linalg{twins=true}) returns what the kernel now
+    returns: the results at `kept`."""
+    ret = list(fn.regions[0].blocks[0].operations)[-1].operation
+    returned = [ret.operands[i] for i in kept]
+    with ir.InsertionPoint(ret), ret.location:
+        ir.Operation.create("func.return", operands=returned)
+    ret.erase()
+    ftype = function_type(fn)
+    fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(ftype.inputs),
+                                                                         [v.type for v in returned]))
+
+
+def _uniquify(kernel: ir.Operation, calls: list):
+    """Drops the kernel's repeated and pass-through results; returns the indices of the
+    results it keeps (None when it keeps them all)."""
     block = kernel.regions[0].blocks[0]
     ret = list(block.operations)[-1].operation
     returned = list(ret.operands)
     args = list(block.arguments)
-    keep, source = [], []  # per result: ("result", kept index) or ("arg", argument index)
+    keep, kept, source = [], [], []  # per result: ("result", kept index) or ("arg", argument index)
     for i, value in enumerate(returned):
         if value in args:
             source.append(("arg", args.index(value)))
@@ -69,8 +90,9 @@ def _uniquify(kernel: ir.Operation, calls: list) -> None:
         else:
             source.append(("result", len(keep)))
             keep.append(value)
+            kept.append(i)
     if len(keep) == len(returned):
-        return
+        return None
     for call in calls:
         with ir.InsertionPoint(call), call.location:
             new = ir.Operation.create("func.call", results=[v.type for v in keep], operands=list(call.operands),
@@ -84,3 +106,4 @@ def _uniquify(kernel: ir.Operation, calls: list) -> None:
     ftype = function_type(kernel)
     kernel.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get(list(ftype.inputs), [v.type for v in keep]))
+    return kept

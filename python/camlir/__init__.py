@@ -22,6 +22,7 @@ _LAZY = {
     # has its compiler: `camlir.config.enabled = True` alone must patch backward.
     "config": "api", "counters": "stats", "UnsupportedError": "errors",
     "set_logs": "logs", "make_context": "context", "explain": "events", "explain_text": "events",
+    "profile": "profiling",
 }
 __all__ = sorted(_LAZY)
 

@@ -11,6 +11,8 @@ symbolic capture included), and a call is a `cache_hit` only when nothing was co
 Every capture and compile is recorded with its reason and cost (`camlir.explain()`,
 `CA_LOGS=recompiles`). A graph that needs more than `config.recompile_limit` programs
 warns once, with the reasons, and runs uncompiled from then on (`fullgraph=True` raises).
+A program that measures slower than the captured graph it replaces is set aside for that
+graph (`graph_choice.py`; never under `fullgraph=True`).
 
 When camlir cannot handle a graph, `fullgraph=True` raises `UnsupportedError` naming the
 node or op; otherwise PyTorch runs the captured graph itself (logged, counted in
@@ -23,7 +25,7 @@ import time
 import torch
 from torch_mlir import ir
 
-from . import disk_cache, effects, events, logs, pipeline
+from . import disk_cache, effects, events, graph_choice, logs, pipeline, profiling
 from .backends.cpu import persist
 from .backends.cpu.program import CpuProgram
 from .backends.eager import InterpreterError
@@ -78,6 +80,7 @@ class CompiledBackward:
         self._miss = None       # (what, reason) of the last guard that failed in a lookup
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
+        self._graph_choices = {}     # id(program) -> GraphChoice: program or PyTorch's graph
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
@@ -117,11 +120,39 @@ class CompiledBackward:
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
-        with torch.no_grad():
-            results = list(program(args, hooks))
+        which, choice = "program", None
+        if not settings.fullgraph and graph_choice.enabled():
+            choice = self._graph_choices.get(id(program))
+            if choice is None:
+                choice = self._graph_choices[id(program)] = graph_choice.GraphChoice()
+            which = choice.pick()
+        profile = profiling.current()
+        timed = profile is not None or choice is not None and choice.measuring()
+        start = time.perf_counter() if timed else 0.0
+        if which == "pytorch":
+            results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        else:
+            with torch.no_grad():
+                results = list(program(args, hooks))
+        if timed:
+            seconds = time.perf_counter() - start
+            if profile is not None:
+                profile.add_program(seconds)
+            if choice is not None and choice.measuring() and choice.record(tuple(sizes_), which, seconds):
+                self._chose(choice)
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results
+
+    def _chose(self, choice) -> None:
+        program_ms, pytorch_ms = 1e3 * choice.program_s, 1e3 * choice.pytorch_s
+        if choice.decided == "pytorch":
+            reason = (f"runs PyTorch's captured graph: {pytorch_ms:.3f} ms per backward against "
+                      f"{program_ms:.3f} ms for the compiled program")
+            logs.log.info("camlir: graph %d %s", self.capture_id, reason)
+        else:
+            reason = f"runs the compiled program: {program_ms:.3f} ms per backward against {pytorch_ms:.3f} ms"
+        events.record(events.Event(self.capture_id, "choice", reason, "speed", program_ms, pytorch_ms))
 
     def compiling(self, what: str, reason: str, old, new, build):
         """The gate every compile of this graph goes through: refuses past

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from camlir import logs
 
-KINDS = ("capture", "compile", "disk_hit", "fallback", "recompile_limit")
+KINDS = ("capture", "compile", "disk_hit", "fallback", "recompile_limit", "choice")
 # A long training run with a recompiling graph must not grow memory without bound; the
 # oldest records go first (the recompile limit stops a storm long before this).
 MAX_EVENTS = 10_000
@@ -32,7 +32,9 @@ MAX_EVENTS = 10_000
 class Event:
     """One capture or compile.
 
-    `graph`: the capture id (as in logs and `CA_DUMP_DIR`); `kind`: one of `KINDS`;
+    `graph`: the capture id (as in logs and `CA_DUMP_DIR`); `kind`: one of `KINDS` (a
+    `choice` is the measured pick between a compiled program and PyTorch's captured graph,
+    `old`/`new` its ms per backward: program, PyTorch);
     `reason`: a sentence; `what`: which node, size, hook or guard it is about
     ("node ReluBackward0", "sizes", "hook 2", "ctx value", "backend", "first call");
     `old`/`new`: the value before and after where there is one (size lists, hook labels,

@@ -5,7 +5,8 @@
 - `verbose`: also the module after every pipeline stage, and tensor metadata;
 - `passes`: the IR after every pass inside each stage, on stderr (as `ca-opt
   --mlir-print-ir-after-all`);
-- `recompiles`: why a capture happened ("Cache miss due to new autograd node: ...").
+- `recompiles`: why each capture and compile happened, and its cost (`camlir.explain()`);
+- `perf`: profile every backward and log where the time went at exit (`camlir.profile()`).
 Everything goes through Python `logging` (logger `camlir`), so applications can route it;
 when a kind is switched on and the logger has no handler, one printing to stderr is added.
 """
@@ -14,7 +15,7 @@ import logging
 import os
 import sys
 
-KINDS = ("graph", "verbose", "recompiles", "passes")
+KINDS = ("graph", "verbose", "recompiles", "passes", "perf")
 log = logging.getLogger("camlir")
 _enabled: set = set()
 _handler = None
@@ -39,6 +40,10 @@ def set_logs(spec) -> None:
             _handler.setFormatter(logging.Formatter("[camlir] %(message)s"))
             log.addHandler(_handler)
             log.propagate = False  # our handler prints it; don't print it twice via the root
+    if "perf" in _enabled:
+        from camlir import profiling
+
+        profiling.profile_process(log)
 
 
 def enabled(kind: str) -> bool:

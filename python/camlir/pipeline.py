@@ -14,8 +14,9 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
     layouts      strided inputs passed as contiguous permutations  ca-specialize-layouts
     kernels      hook bodies inlined, compute outlined into kernels ca-inline-hooks, ca-flatten-nodes,
                                                                     ca-outline-kernels
-    linalg       kernels to linalg on tensors, fused               ca-lower-to-linalg, ca-fuse-elementwise,
-                                                                    ca-unique-kernel-results
+    linalg       kernels to linalg on tensors, fused; each kernel's  ca-lower-to-linalg{twins=true},
+                 torch original kept as its twin (the runtime runs  ca-fuse-elementwise,
+                 whichever measures faster: backends/cpu/choice.py) ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
     math         pow by small constant exponents as multiplications ca-expand-powers, ca-approximate-math
                  and sqrt; f32 exp/erf/tanh as vectorizable polynomials
@@ -56,7 +57,7 @@ from camlir import effects, logs
 from camlir.backends.cpu import abi, jit, persist
 from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
-from camlir.backends.cpu.program import CpuProgram
+from camlir.backends.cpu.program import CpuProgram, torch_twins
 from camlir.backends.eager import EagerProgram
 from camlir.capture.hook_trace import trace_hooks
 from camlir.capture.retrace import Retraced, retrace
@@ -214,7 +215,8 @@ def kernels(module: ir.Module, dump: Dump) -> None:
 def linalg(module: ir.Module, dump: Dump) -> None:
     """linalg: kernels lowered to linalg on tensors and fused; ops the lowering cannot take
     move to the host (logged, one line per op name)."""
-    run_stage("linalg", module, ["ca-lower-to-linalg", "ca-fuse-elementwise", "ca-unique-kernel-results"], dump)
+    run_stage("linalg", module, ["ca-lower-to-linalg{twins=true}", "ca-fuse-elementwise", "ca-unique-kernel-results"],
+              dump)
     if "ca.host_ops" in module.operation.attributes:
         moved = sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(module.operation.attributes["ca.host_ops"])})
         for name in moved:
@@ -387,7 +389,8 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn) if dynamic
                            else abi.Kernel(engine, name, ins, outs))
                     for name, (ins, outs, shape_fn) in specs.items()}
-        program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start)
+        program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start,
+                             twins=torch_twins(work), label=dump.label)
         # What the disk cache stores of it (backends/cpu/persist.py).
         program.host_text, program.engine, program.dynamic = persist.host_text(work), engine, dynamic
     logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)

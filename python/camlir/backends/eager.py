@@ -8,6 +8,7 @@ The module is decoded once into a flat list of steps (a callable, input slots, o
 slots); a call then only walks that list.
 """
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
+from camlir import profiling
 from camlir.capture.leaves import with_nones, without_nones
 from camlir.dialects.ca.ir_helpers import require_func
 
@@ -38,6 +40,7 @@ class _Step:
     fn: object
     ins: tuple
     outs: tuple
+    label: str = ""  # what `camlir.profile()` calls it: "kernel @k", "host aten.mm", "hook 2 (...)"
 
 
 class _Program:
@@ -53,21 +56,41 @@ class _Program:
         env = [None] * self.n_slots
         for slot, value in zip(self.arg_slots, args):
             env[slot] = value
+        if runtime.profile is not None and not runtime.profiling:
+            return self._run_timed(env, runtime)
         for step in self.steps:
             outs = step.fn([env[i] for i in step.ins], runtime)
             for slot, value in zip(step.outs, outs):
                 env[slot] = value
         return [env[i] for i in self.result_slots]
 
+    def _run_timed(self, env, runtime):
+        """`run` with every step timed into `runtime.profile` (nested blocks count in
+        their parent's step)."""
+        profile, clock = runtime.profile, time.perf_counter
+        runtime.profiling = True
+        try:
+            for step in self.steps:
+                start = clock()
+                outs = step.fn([env[i] for i in step.ins], runtime)
+                profile.add_step(step.label, clock() - start)
+                for slot, value in zip(step.outs, outs):
+                    env[slot] = value
+        finally:
+            runtime.profiling = False
+        return [env[i] for i in self.result_slots]
+
 
 class Runtime:
     """What one backward call provides: the hooks list and the Python call-back table."""
 
-    __slots__ = ("hooks", "callbacks")
+    __slots__ = ("hooks", "callbacks", "profile", "profiling")
 
     def __init__(self, hooks, callbacks=()):
         self.hooks = hooks
         self.callbacks = callbacks
+        self.profile = profiling.current()  # None unless camlir.profile() or CA_LOGS=perf
+        self.profiling = False
 
 
 class EagerProgram:
@@ -108,8 +131,27 @@ def compile_block(block: ir.Block, terminator: str, extra=None) -> _Program:
         if fn is ALIAS:
             slots[op.results[0]] = slot(op.operands[0])
             continue
-        steps.append(_Step(fn, tuple(slot(v) for v in op.operands), tuple(slot(r) for r in op.results)))
+        steps.append(_Step(fn, tuple(slot(v) for v in op.operands), tuple(slot(r) for r in op.results),
+                           step_label(op)))
     return _Program(len(slots), arg_slots, steps, result_slots)
+
+
+def step_label(op: ir.Operation) -> str:
+    """How `camlir.profile()` names the step of `op`."""
+    name, attrs = op.name, op.attributes
+    if name == "func.call":
+        return f"kernel @{ir.FlatSymbolRefAttr(attrs['callee']).value}"
+    if name == "ca.hook":
+        return f"hook {ir.IntegerAttr(attrs['hook_id']).value} ({ir.StringAttr(attrs['kind']).value})"
+    if name == "ca.node" and "node" in attrs:
+        return f"node {ir.StringAttr(attrs['node']).value}"
+    if name == "torch.operator":
+        return "host " + ir.StringAttr(attrs["name"]).value.removeprefix("torch.")
+    if name.startswith(("torch.aten.", "torch.prims.")):
+        return "host " + name.removeprefix("torch.")
+    if name.startswith(("torch.constant.", "torch.prim.", "ca.size")):
+        return "glue (constants, lists, sizes)"
+    return name
 
 
 def _handler(op: ir.Operation, extra=None):

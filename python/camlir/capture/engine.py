@@ -13,11 +13,13 @@ logger hook of compiled autograd's C++ side and attached to the capture.
 
 import logging
 import threading
+import time
 from typing import Callable, Optional
 
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
+from camlir import profiling
 from camlir.settings import active_settings, in_use, on_change
 
 _original_backward = torch.autograd.backward
@@ -106,6 +108,8 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
     # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
     _the_compiler()
     _local.inside = True
+    profile = profiling.current()
+    start = time.perf_counter()
     try:
         with _one_at_a_time, ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
             torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
@@ -116,6 +120,8 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     finally:
         _local.inside = False
+        if profile is not None:
+            profile.add_backward(time.perf_counter() - start)
 
 
 # camlir's capture and compile machinery must never be traced by Dynamo: inside a

@@ -17,7 +17,7 @@ way: a program that is not a `CpuProgram` (the reference interpreter ran it inst
 from torch_mlir import ir
 
 from camlir.backends.cpu import abi, jit
-from camlir.backends.cpu.program import CpuProgram
+from camlir.backends.cpu.program import CpuProgram, torch_twins
 from camlir.backends.cpu.shapes import ShapeFunction
 from camlir.dialects.ca.ir_helpers import func_name, function_type, funcs, is_kernel, require_func
 
@@ -93,7 +93,7 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
             else:
                 kernels[name] = abi.Kernel(library, name, ins, outs)
         perms = [tuple(p) if p is not None else None for p in meta["perms"]]
-        program = CpuProgram(require_func(module, "backward"), kernels, perms, "", 0.0)
+        program = CpuProgram(require_func(module, "backward"), kernels, perms, "", 0.0, twins=torch_twins(module))
     program.module = module  # keeps the parsed IR alive with the program
     program.host_text = text
     program.engine = None

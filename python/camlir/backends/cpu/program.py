@@ -15,8 +15,10 @@ shapes.
 from torch._dynamo.external_utils import call_accumulate_grad
 from torch_mlir import ir
 
-from camlir.backends.eager import ALIAS, Runtime, compile_block
+from camlir.backends.cpu import choice
+from camlir.backends.eager import ALIAS, InterpreterError, Runtime, compile_block
 from camlir.dialects.ca.ir_helpers import defining_op
+from camlir.passes.lower_to_linalg import TWIN_ATTR
 
 
 class CpuProgram:
@@ -25,11 +27,16 @@ class CpuProgram:
     `kernels` maps each kernel name to its compiled `abi.Kernel`; `arg_perms` says, per
     argument, the permutation it is passed with (None: as it is; see ca-specialize-layouts);
     `lowered_text` is the module after the linalg stage, `compile_seconds` the compile time.
+    `twins` (`torch_twins`) gives kernels a torch alternative: such a kernel's step is a
+    `choice.KernelChoice`, in `choices`, which runs whichever measures faster.
     """
 
     def __init__(self, host: ir.Operation, kernels: dict, arg_perms: list, lowered_text: str = "",
-                 compile_seconds: float = 0.0):
+                 compile_seconds: float = 0.0, twins: dict = None, label: str = ""):
         self.kernels = kernels
+        self.twins = twins or {}  # kernel name -> EagerProgram of its torch original (torch_twins)
+        self.choices = {}         # kernel name -> choice.KernelChoice, where a twin exists
+        self.label = label
         self.host_text = None  # set by whoever can rebuild it (pipeline.make_cpu): for the disk cache
         self.engine = None
         self.dynamic = False
@@ -43,7 +50,11 @@ class CpuProgram:
         if op.name == "ca.accumulate_grad" and _fresh_and_private(op.operands[1]):
             return _steal_or_accumulate
         if op.name == "func.call":
-            kernel = self.kernels[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
+            name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            kernel = self.kernels[name]
+            if name in self.twins and choice.enabled():
+                self.choices[name] = choice.KernelChoice(name, kernel, self.twins[name], self.label)
+                return self.choices[name]
             return lambda ins, rt: kernel(ins)
         if op.name.startswith("torch_c."):
             return ALIAS  # only the static type changes
@@ -56,6 +67,33 @@ class CpuProgram:
         for i, p in self._perm_args:
             args[i] = args[i].permute(p)
         return self.program.run(args, Runtime(hooks, callbacks))
+
+
+def torch_twins(module: ir.Module) -> dict:
+    """Kernel name -> the reference interpreter's program of its torch-dialect original, for
+    each twin `ca-lower-to-linalg{twins=true}` kept in `module` (one the interpreter cannot
+    run is left out: that kernel stays native)."""
+    twins = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and TWIN_ATTR in op.attributes:
+            try:
+                twins[ir.StringAttr(op.attributes[TWIN_ATTR]).value] = compile_block(
+                    op.regions[0].blocks[0], terminator="func.return", extra=_value_views)
+            except InterpreterError:
+                continue
+    return twins
+
+
+_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view")
+
+
+def _value_views(op: ir.Operation):
+    """A kernel's ops have value semantics: a `view` of a tensor that torch cannot view
+    (a permuted input, a transpose's result) is a reshape there. Twins run it as one."""
+    if op.name in _VIEWS:
+        return lambda ins, rt: (ins[0].reshape(ins[1]),)
+    return None
 
 
 def _fresh_and_private(value: ir.Value) -> bool:

@@ -1,0 +1,137 @@
+"""The speed guarantees and the profiler: a slower compiled kernel or program is set aside,
+by measurement, without changing a gradient; `camlir.profile()` attributes the time."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import camlir
+from camlir import graph_choice
+from camlir.backends.cpu import choice
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    camlir.reset()
+    yield
+    camlir.reset()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _loss(model, step):
+    torch.manual_seed(step)
+    return model(torch.randn(6, 8)).pow(2).sum()
+
+
+def _accumulating_steps(model, reference, steps, **enable):
+    """`steps` backward calls WITHOUT zeroing the grads (accumulation into .grad), each
+    compared with eager on a twin model."""
+    for step in range(steps):
+        _loss(reference, step).backward()
+        with camlir.enable(**enable):
+            _loss(model, step).backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, r.grad)
+
+
+def _slowed(fn, seconds):
+    def slow(*args):
+        time.sleep(seconds)
+        return fn(*args)
+    return slow
+
+
+def _steady_program(model, reference):
+    """Two steps (the first backward into empty grads and the first accumulating one are
+    two captures), then the program later steps run."""
+    _accumulating_steps(model, reference, 2)
+    return camlir.compiled_programs()[-1][2]
+
+
+def test_a_slow_kernel_is_replaced_by_its_torch_ops():
+    model, reference = _mlp(), _mlp()
+    program = _steady_program(model, reference)
+    assert program.choices, "every kernel has a torch twin"
+    for c in program.choices.values():
+        c.native = _slowed(c.native, 0.005)
+    _accumulating_steps(model, reference, 2 + 2 * choice.SAMPLES + 4)
+    assert all(c.chosen == "torch" for c in program.choices.values()), program.choices
+    assert all(c.torch_s < c.native_s for c in program.choices.values())
+
+
+def test_fast_kernels_stay_native():
+    model, reference = _mlp(), _mlp()
+    program = _steady_program(model, reference)
+    _accumulating_steps(model, reference, 2 + 2 * choice.SAMPLES + 2)
+    for c in program.choices.values():
+        c._decide(0.001, 0.00095)  # within the margin: native code stays
+        assert c.chosen == "native"
+
+
+def test_twin_results_never_alias_inputs_or_each_other():
+    x = torch.randn(3, 4)
+    view = x.t()
+    outs = choice._fresh([x, view, x.view(12), torch.ones(2)], [x])
+    assert all(o.is_contiguous() for o in outs)
+    assert outs[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 4
+    torch.testing.assert_close(outs[1], view)
+
+
+def test_a_slow_program_is_replaced_by_pytorchs_graph(monkeypatch):
+    monkeypatch.setattr(graph_choice, "START", 2)
+    model, reference = _mlp(), _mlp()
+    program = _steady_program(model, reference)
+    original = type(program).__call__
+    monkeypatch.setattr(type(program), "__call__", lambda self, *a, **k: (time.sleep(0.01), original(self, *a, **k))[1])
+    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 3)
+    [event] = camlir.explain(kind="choice")
+    assert "runs PyTorch's captured graph" in event.reason and event.new < event.old
+
+
+def test_fullgraph_always_runs_the_program(monkeypatch):
+    monkeypatch.setattr(graph_choice, "START", 0)
+    model, reference = _mlp(), _mlp()
+    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 2, fullgraph=True)
+    assert camlir.explain(kind="choice") == []
+
+
+def test_profile_attributes_the_backward():
+    model = _mlp()
+    with camlir.enable():
+        _loss(model, 0).backward()  # compile outside the profile
+    with camlir.profile() as prof:
+        for step in range(5):
+            with camlir.enable():
+                _loss(model, step).backward()
+    assert prof.backwards == 5
+    kernels = [label for label in prof.steps if label.startswith("kernel @")]
+    assert kernels and prof.steps[kernels[0]][0] == 5
+    assert "accumulate_grad" in " ".join(prof.steps)
+    step_total = sum(s for _, s in prof.steps.values())
+    assert 0 < step_total <= prof.program_seconds <= prof.backward_seconds
+    table = prof.table()
+    assert "5 backward calls" in table and kernels[0] in table
+    assert camlir.profiling.current() is None
+
+
+def test_ca_logs_perf_prints_the_table_at_exit(tmp_path):
+    script = tmp_path / "perf.py"
+    script.write_text("import torch, camlir\n"
+                      "m = torch.nn.Linear(4, 4)\n"
+                      "for _ in range(3):\n"
+                      "    with camlir.enable():\n"
+                      "        m(torch.randn(2, 4)).sum().backward()\n")
+    env = dict(os.environ, CA_LOGS="perf", CAMLIR_DISK_CACHE="0")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "camlir profile: 3 backward calls" in done.stderr, done.stderr[-2000:]
+    assert "kernel @backward_kernel_0" in done.stderr
