@@ -7,6 +7,7 @@ from .copies_to_linalg import CopiesToLinalg
 from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fuse_elementwise import FuseElementwise
+from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
 from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
@@ -19,7 +20,9 @@ from .unique_kernel_results import UniqueKernelResults
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
-          MatmulToBlas, DefineBlasWrappers)
+          MatmulToBlas, DefineBlasWrappers,
+          # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
+          ParallelDimsFirst, FlattenParallel)
 
 _BY_NAME = {p.argument: p for p in PASSES}
 

@@ -219,6 +219,18 @@ class CompiledBackward:
         elif settings.backend == "cpu":
             program, hook_guard = self.compiling(what, reason, None, None,
                                                  lambda: self._cpu_program(module, list(inputs), hooks, dump))
+        elif settings.backend == "gpu":  # static sizes: a symbolic capture compiles one program per size set
+            pipeline.require_gpu()
+            if retraced.symbolic:
+                program = SizeVariants(
+                    len(inputs), sorted(pipeline.dynamic_shapes(module, list(inputs), len(inputs))),
+                    lambda s, shapes, args, hooks: pipeline.make_gpu(
+                        module, args, hooks, pipeline.Dump.for_graph(self.capture_id, f"sizes {s}"), s, shapes),
+                    None, lambda: self._eager_program(module), self.compiling)
+                program.dynamic_error = "the gpu backend compiles static sizes"
+            else:
+                program, hook_guard = self.compiling(what, reason, None, None,
+                                                     lambda: pipeline.make_gpu(module, list(inputs), hooks, dump))
         else:
             program = self.compiling(what, reason, None, None, lambda: self._eager_program(module))
         digest = hashlib.sha256(text.encode()).hexdigest()

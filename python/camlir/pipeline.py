@@ -59,6 +59,9 @@ from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
 from camlir.backends.cpu.program import CpuProgram, torch_twins
 from camlir.backends.eager import EagerProgram
+from camlir.backends.gpu import codegen as gpu_codegen
+from camlir.backends.gpu import plan as gpu_plan
+from camlir.backends.gpu import program as gpu_program
 from camlir.capture.hook_trace import trace_hooks
 from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
@@ -258,8 +261,13 @@ def bufferize(kernel_module: ir.Module, dump: Dump, dynamic: bool = False) -> No
     with dynamic sizes is replaced by its out-parameter too (`hoist-dynamic-allocs`: the
     runtime allocates it with the shape function's sizes); a result the pass cannot hoist
     (not an allocation of the kernel's own) is copied into the out-parameter."""
+    run_stage("bufferize", kernel_module, bufferize_passes(dynamic), dump)
+
+
+def bufferize_passes(dynamic: bool = False) -> list:
+    """The passes of the bufferize stage (the gpu backend's gpu-bufferize runs them too)."""
     hoist = "hoist-static-allocs=true" + (" hoist-dynamic-allocs=true" if dynamic else "")
-    run_stage("bufferize", kernel_module, [
+    return [
         "ca-prepare-kernel-abi",
         "func.func(convert-elementwise-to-linalg)",  # bool/byte casts the ABI left on tensors
         "canonicalize",  # drops transposes that the transpose fold left without users
@@ -269,7 +277,7 @@ def bufferize(kernel_module: ir.Module, dump: Dump, dynamic: bool = False) -> No
         "canonicalize",
         "ca-copies-to-linalg",
         "buffer-deallocation-pipeline", "canonicalize",
-    ], dump)
+    ]
 
 
 def blas(kernel_module: ir.Module, dump: Dump) -> None:
@@ -402,3 +410,190 @@ def dynamic_shapes(module: ir.Module, args: list, n_inputs: int) -> dict:
     host = require_func(module, "backward")
     return {i: tuple(args[i].shape) for i, t in enumerate(list(function_type(host).inputs)[:n_inputs])
             if "?" in str(t) and isinstance(args[i], torch.Tensor)}
+
+
+# --------------------------------------------------------------------------- gpu backend
+#
+# The shared prefix and the cpu backend's specialize .. split stages, then (gpu.md):
+#
+#     gpu-bufferize  pow by small constants expanded; tensors to buffers ca-expand-powers, bufferize's passes
+#     gpu-matmuls    matmuls become host calls (torch addmm/baddbmm:     ca-matmul-to-blas
+#                    cuBLAS on torch's stream), never naive loops
+#     gpu-map        the rest: parallel loops (parallel dims outer,      linalg-generalize-named-ops,
+#                    reductions serial per output element), flattened,   ca-gpu-parallel-dims-first,
+#                    256 threads a block, mapped to blocks and threads   convert-linalg-to-parallel-loops,
+#                                                                        ca-gpu-flatten-parallel,
+#                                                                        scf-parallel-loop-tiling,
+#                                                                        gpu-map-parallel-loops,
+#                                                                        convert-parallel-loops-to-gpu
+#     gpu-outline    each launch's body into a gpu.module; the host side gpu-kernel-outlining
+#                    checked and written as a launch plan               (backends/gpu/plan.py)
+#     nvvm           device code to the llvm/nvvm dialects, math to      convert-gpu-to-nvvm
+#                    libdevice calls, memref arguments as bare pointers
+#     llvm-ir        every kernel in one LLVM module                     translate_module_to_llvmir
+#     ptx            libdevice linked, O3, NVPTX (llvmlite), PTX ISA 8.0 backends/gpu/codegen.py
+
+GPU_THREADS = 256  # threads a block: every loop is flattened to one dim first
+
+
+def gpu_bufferize(kernel_module: ir.Module, dump: Dump) -> None:
+    """gpu-bufferize: the cpu's bufferize, after `ca-expand-powers` (no polynomial math:
+    libdevice's functions are exact and fast on the device)."""
+    run_stage("gpu-bufferize", kernel_module, ["ca-expand-powers"] + bufferize_passes(), dump)
+
+
+def gpu_matmuls(kernel_module: ir.Module, dump: Dump) -> None:
+    """gpu-matmuls: `linalg.matmul`/`batch_matmul` (f32/f64) become calls of
+    `@camlir_gemm_<t>`/`@camlir_bgemm_<t>` with transposes as views and `beta = 0` for a
+    zero-filled output; the gpu runtime runs them as `c.addmm_`/`c.baddbmm_` (cuBLAS through
+    torch, on torch's current stream). The declarations get no bodies here."""
+    run_stage("gpu-matmuls", kernel_module, ["ca-matmul-to-blas"], dump)
+
+
+def gpu_map(kernel_module: ir.Module, dump: Dump) -> None:
+    """gpu-map: every other linalg op a parallel loop nest (one thread per output element,
+    its reduction dims a serial loop inside), flattened to one dim, tiled by GPU_THREADS,
+    and converted to `gpu.launch` (outer loop: blocks, inner: threads)."""
+    run_stage("gpu-map", kernel_module, [
+        "func.func(linalg-generalize-named-ops)",
+        "ca-gpu-parallel-dims-first",
+        "func.func(convert-linalg-to-parallel-loops)",
+        "canonicalize",
+        "ca-gpu-flatten-parallel",  # no canonicalize after: it would fold the one-iteration loops back
+        "func.func(scf-parallel-loop-tiling{parallel-loop-tile-sizes=%d no-min-max-bounds=true})" % GPU_THREADS,
+        "func.func(gpu-map-parallel-loops)",
+        "func.func(convert-parallel-loops-to-gpu)",
+    ], dump)
+
+
+def gpu_outline(kernel_module: ir.Module, specs: dict, dump: Dump) -> dict:
+    """gpu-outline: each `gpu.launch` body becomes a `gpu.func` in its own `gpu.module`;
+    returns the launch plan of every kernel function (`backends.gpu.plan.kernel_plan`),
+    which also checks that nothing but buffers, views, matmul calls and launches stayed on
+    the host."""
+    run_stage("gpu-outline", kernel_module,
+              ["func.func(gpu-launch-sink-index-computations)", "gpu-kernel-outlining", "canonicalize"], dump)
+    plans = {}
+    for fn in funcs(kernel_module, is_kernel):
+        name = func_name(fn)
+        try:
+            plans[name] = gpu_plan.kernel_plan(fn, len(specs[name][1]))
+        except gpu_plan.PlanError as exc:
+            raise StageError("gpu-outline", str(exc)) from exc
+    return plans
+
+
+def nvvm(kernel_module: ir.Module, dump: Dump) -> None:
+    """nvvm: the device code to the llvm and nvvm dialects; math ops become libdevice calls
+    (`__nv_expf`, ...), memref arguments bare pointers (static shapes and layouts)."""
+    run_stage("nvvm", kernel_module, [
+        "gpu.module(expand-strided-metadata,lower-affine,convert-scf-to-cf,"
+        "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=true},canonicalize,cse)",
+        "reconcile-unrealized-casts",
+    ], dump)
+
+
+# LLVM intrinsics the NVPTX backend has no lowering for: it aborts the process on them.
+_NO_NVPTX = re.compile(r"@llvm\.(exp|exp2|exp10|log|log2|log10|pow|powi|sin|cos|tan|sinh|cosh|tanh|asin|acos|atan|"
+                       r"atan2|erf|frem)\.")
+
+
+def gpu_llvm_ir(kernel_module: ir.Module, dump: Dump) -> tuple:
+    """llvm-ir: the `gpu.module`s merged into one LLVM module, each kernel named after its
+    module (the launch plan's `entry`); returns (LLVM IR text, kernel names)."""
+    from torch_mlir.dialects import llvm as llvm_dialect
+
+    merged = ir.Module.create()
+    seen, entries = set(), []
+    for op in kernel_module.body.operations:
+        op = op.operation
+        if op.name != "gpu.module":
+            continue
+        module_name = ir.StringAttr(op.attributes["sym_name"]).value
+        for fn in op.regions[0].blocks[0].operations:
+            fn = fn.operation
+            kernel = "gpu.kernel" in fn.attributes or "nvvm.kernel" in fn.attributes
+            name = ir.StringAttr(fn.attributes["sym_name"]).value if "sym_name" in fn.attributes else None
+            if not kernel and name in seen:
+                continue  # a libdevice declaration every module repeats
+            seen.add(name)
+            copy = fn.clone(ir.InsertionPoint(merged.body))
+            if kernel:
+                copy.attributes["sym_name"] = ir.StringAttr.get(module_name)
+                entries.append(module_name)
+    try:
+        text = llvm_dialect.translate_module_to_llvmir(merged.operation)
+    except Exception as exc:  # noqa: BLE001 - the translation raises plain errors
+        raise StageError("llvm-ir", _diagnostics(exc)) from exc
+    bad = _NO_NVPTX.search(text)
+    if bad:
+        raise StageError("llvm-ir", f"{bad.group(0)}* has no NVPTX lowering (it would abort codegen); "
+                                    f"math must reach libdevice")
+    dump("llvm-ir", text)
+    return text, entries
+
+
+def gpu_ptx(llvm_ir: str, entries: list, dump: Dump, target: str = gpu_codegen.DEFAULT_TARGET) -> str:
+    """ptx: libdevice linked, non-kernel functions internal, LLVM O3, PTX for `target`."""
+    try:
+        ptx = gpu_codegen.ptx_from_llvm_ir(llvm_ir, entries, target)
+    except gpu_codegen.CodegenError as exc:
+        raise StageError("ptx", str(exc)) from exc
+    dump("ptx", ptx)
+    return ptx
+
+
+def make_gpu_kernels(kernel_module: ir.Module, specs: dict, dump: Dump, target: str = gpu_codegen.DEFAULT_TARGET):
+    """gpu-bufferize .. ptx on a module of linalg-on-tensors kernels (changed in place):
+    returns (launch plans by kernel function, PTX text)."""
+    with kernel_module.context, ir.Location.unknown():
+        gpu_bufferize(kernel_module, dump)
+        gpu_matmuls(kernel_module, dump)
+        gpu_map(kernel_module, dump)
+        plans = gpu_outline(kernel_module, specs, dump)
+        nvvm(kernel_module, dump)
+        llvm_ir, entries = gpu_llvm_ir(kernel_module, dump)
+        return plans, gpu_ptx(llvm_ir, entries, dump, target)
+
+
+def require_gpu() -> None:
+    """Raises "backend 'gpu' needs a CUDA device: torch.cuda.is_available() is False" when
+    torch sees no CUDA device (the driver's first step for `backend="gpu"`; not inside
+    `backends.gpu.program.recording()`, which compiles without running)."""
+    gpu_program.require_cuda()
+
+
+def make_gpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
+             shapes: Optional[dict] = None, target: str = gpu_codegen.DEFAULT_TARGET,
+             require_device: bool = True):
+    """Compiles one (static-size) variant of a captured `ca` module for the gpu; returns the
+    program (`backends.gpu.program.GpuProgram`) and the guard on the hooks it traced.
+    `module` is not changed. With `require_device` (the driver), raises at once when torch
+    sees no CUDA device; without (tests, `backends.gpu.export`), it compiles anyway: only
+    running the program needs a GPU."""
+    if require_device:
+        require_gpu()
+    start = time.perf_counter()
+    with module.context, ir.Location.unknown():
+        work = ir.Module.parse(str(module))
+        if "ca.layout_sensitive" in work.operation.attributes:
+            why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
+            raise StageError("import", f"the backward reads physical strides ({why}); kernels assume "
+                                       f"contiguous tensors")
+        if sizes is not None:
+            specialize(work, sizes, shapes or {}, dump)
+        guard = trace_hooks(work, hooks, device="cpu")
+        dump("trace-hooks", work)
+        expected = effects.in_module(work, python_hooks_only=True)
+        perms = layouts(work, args, dump)
+        kernels(work, dump)
+        linalg(work, dump)
+        lowered_text = str(work)
+        effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
+        kernel_module, host, specs = split(work, dump)
+        plans, ptx = make_gpu_kernels(kernel_module, specs, dump, target) if specs else ({}, "")
+        program = gpu_program.GpuProgram(host, plans, ptx, perms, lowered_text, time.perf_counter() - start,
+                                         label=dump.label, target=target)
+        program.module, program.reference = work, module  # the host IR (export reads it), the ca module
+    logs.log.debug("%s: %d gpu kernels compiled in %.3f s", dump.label, len(plans), program.compile_seconds)
+    return program, guard

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-BACKENDS = ("eager", "cpu")
+BACKENDS = ("eager", "cpu", "gpu")
 
 
 class Config:
