@@ -35,6 +35,18 @@ hoists dynamic result allocations into the out-params (hoist-dynamic-allocs); th
 kernel is `abi.DynamicKernel` (sizes and strides written per call, outputs allocated with
 the shapes the shape function computes).
 
+The gpu backend (`make_gpu`, section "gpu backend" below; docs/gpu-backend.md) runs the cpu's
+stages up to split, then, on static sizes:
+
+    gpu-bufferize  pow by small constants expanded; tensors to buffers ca-expand-powers, bufferize's passes
+    gpu-matmuls    matmuls become host calls (torch addmm_/baddbmm_)   ca-matmul-to-blas
+    gpu-map        parallel loops (parallel dims outer, reductions      ca-gpu-parallel-dims-first,
+                   serial per output), flattened, 256 threads a block   ca-gpu-flatten-parallel, gpu-map-...
+    gpu-outline    launches into gpu.modules; host side -> launch plan gpu-kernel-outlining, backends/gpu/plan.py
+    nvvm           llvm/nvvm dialects, math to libdevice, bare pointers convert-gpu-to-nvvm
+    llvm-ir        every kernel in one LLVM module                     translate_module_to_llvmir
+    ptx            libdevice linked, O3, NVPTX (llvmlite), ISA 8.0      backends/gpu/codegen.py
+
 Every stage is dumpable, the same way:
 - `CA_LOGS=verbose` logs the IR after each stage ("graph 3, after stage 'linalg':");
 - `CA_DUMP_DIR=dir` writes it to `dir/graph<id>[-<variant>]/<NN>-<stage>.mlir`; each file
