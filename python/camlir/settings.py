@@ -32,7 +32,7 @@ class Config:
     `BACKENDS`), `fullgraph` (bool), `dynamic` (None, True or False) and
     `recompile_limit` (an int >= 1: how many programs one captured graph may compile before
     camlir warns and runs that graph uncompiled). `backend`, `dynamic` and
-    `recompile_limit` are checked when set: `config.backend = "gpu"` raises a ValueError
+    `recompile_limit` are checked when set: `config.backend = "tpu"` raises a ValueError
     that lists the backends.
 
     `dynamic`: None (the default) compiles the first sizes a graph sees as constants, and
