@@ -40,11 +40,11 @@ def yield_(values: Sequence[ir.Value]) -> ir.Operation:
 
 def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequence[ir.Type],
          body: Optional[str] = None, none_at: Sequence[int] = (),
-         none_at_outputs: Sequence[int] = ()) -> ir.Operation:
+         none_at_outputs: Sequence[int] = (), data_id: Optional[int] = None) -> ir.Operation:
     """Creates a `ca.hook` of `kind` (e.g. `"tensor_pre_hook"`) calling hook `hook_id` on
     `args`; `body` names the `func.func` with its traced body, when there is one;
     `none_at` / `none_at_outputs` are the positions where the hook's gradient lists hold None
-    (attributes only when not empty)."""
+    (attributes only when not empty); `data_id` is an unpack hook's packed-data position."""
     attrs = {"kind": ir.StringAttr.get(kind), "hook_id": _i64(hook_id)}
     if body is not None:
         attrs["body"] = ir.FlatSymbolRefAttr.get(body)
@@ -52,6 +52,8 @@ def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequen
         attrs["none_at"] = ir.ArrayAttr.get([_i64(i) for i in none_at])
     if none_at_outputs:
         attrs["none_at_outputs"] = ir.ArrayAttr.get([_i64(i) for i in none_at_outputs])
+    if data_id is not None:
+        attrs["data_id"] = _i64(data_id)
     return _create("ca.hook", args, result_types, attrs)
 
 

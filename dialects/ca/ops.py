@@ -24,7 +24,8 @@ from torch_mlir import ir
 
 from .types import is_integer_like, is_tensor, tensor_sig, types_compatible
 
-HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook", "cpp_tensor_pre_hook")
+HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook", "cpp_tensor_pre_hook",
+              "unpack_hook")
 
 
 class CAOp:
@@ -219,14 +220,18 @@ class HookOp(CAOp):
 
     Attributes:
     - `kind` (string): one of `tensor_pre_hook`, `pre_hook`, `post_hook`, `post_acc_grad_hook`,
-      the four places PyTorch's autograd engine calls Python hooks, or `cpp_tensor_pre_hook`,
-      the engine's own C++ hooks on a gradient (`retain_grad()` is one);
+      the four places PyTorch's autograd engine calls Python hooks, `cpp_tensor_pre_hook`,
+      the engine's own C++ hooks on a gradient (`retain_grad()` is one), or `unpack_hook`,
+      a saved-tensor hook giving back a tensor a node saved (`torch.autograd.graph.
+      saved_tensors_hooks`; non-reentrant activation checkpointing recomputes there);
     - `hook_id` (integer >= 0): the hook's position in the backward's hook list. The runtime
       looks the Python callable up by this id, and compiled artifacts are guarded on the
       identity of the callable found there. For `cpp_tensor_pre_hook` it is the position in
       the running backward's table of C++ hooks, which the runtime calls through PyTorch;
     - `body` (symbol, optional): a `func.func` holding the hook's traced body, when the hook
       could be traced. Its signature must equal the hook's operand and result types;
+    - `data_id` (integer >= 0, `unpack_hook` only): the position, in the backward's packed
+      data, of what the pack hook returned; the runtime hands it to the unpack hook;
     - `none_at`, `none_at_outputs` (arrays of integers, optional; `pre_hook` and
       `post_hook`): where the hook's gradient list (the grad_outputs of a pre hook, the
       grad_inputs of a post hook) and a post hook's grad_outputs hold None. Operands and
@@ -239,7 +244,8 @@ class HookOp(CAOp):
     - `pre_hook`: a node's N grad_outputs in, N of the same types out;
     - `post_hook`: a node's M grad_inputs followed by its grad_outputs in, M grad_inputs out
       (types equal to the first M operands);
-    - `post_acc_grad_hook`: the parameter in, nothing out (the hook acts on `param.grad`).
+    - `post_acc_grad_hook`: the parameter in, nothing out (the hook acts on `param.grad`);
+    - `unpack_hook`: nothing in, the unpacked tensor out (its type is what the capture saw).
 
     A hook may touch anything in Python: it is never removed as dead code nor moved across
     `ca.accumulate_grad` or another hook.
@@ -264,6 +270,11 @@ class HookOp(CAOp):
         if err:
             return err
         ins, outs = _types(op.operands), _types(op.results)
+        data_id, err = _int_attr(op, "data_id", required=kind == "unpack_hook")
+        if err:
+            return err
+        if data_id is not None and kind != "unpack_hook":
+            return "'data_id' is only meaningful on unpack_hook"
         return _first_error(_hook_arity(kind, ins, outs), _check_hook_body(op, ins, outs),
                             _check_none_positions(op, kind))
 
@@ -283,6 +294,10 @@ def _hook_arity(kind: str, ins, outs) -> Optional[str]:
             return (f"kind 'post_hook' takes grad_inputs then grad_outputs and returns the "
                     f"grad_inputs, so it cannot return more values than it takes ({n_in} -> {n_out})")
         return _compare_types("post_hook results vs leading operands", outs, ins[:n_out])
+    if kind == "unpack_hook":
+        if n_in != 0 or n_out != 1 or not is_tensor(outs[0]):
+            return f"kind 'unpack_hook' takes nothing and returns 1 tensor, got {n_in} -> {n_out}"
+        return None
     # post_acc_grad_hook
     if n_in != 1 or n_out != 0:
         return f"kind 'post_acc_grad_hook' takes the parameter and returns nothing, got {n_in} -> {n_out}"

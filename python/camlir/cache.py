@@ -297,8 +297,8 @@ class SizeVariants:
             variant = self._compile(key, args, hooks, "hooks", variant.guard.reason(hooks), None, None)
         return variant.program
 
-    def __call__(self, args, hooks, callbacks=()):
-        return self.variant(args, hooks)(args, hooks, callbacks)
+    def __call__(self, args, hooks, callbacks=(), packed=()):
+        return self.variant(args, hooks)(args, hooks, callbacks, packed)
 
     def _dynamic_program(self, key, args, hooks):
         if self.dynamic is not None and (self.dynamic.guard is None or self.dynamic.guard.holds(hooks)):

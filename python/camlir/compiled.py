@@ -31,7 +31,7 @@ from .backends.cpu.program import CpuProgram
 from .backends.eager import InterpreterError
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture.hook_trace import TRACED_KINDS
-from .capture.retrace import RetraceError, plain_sizes
+from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_unpacked
 from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import UnsupportedError
@@ -81,6 +81,7 @@ class CompiledBackward:
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
         self._graph_choices = {}     # id(program) -> GraphChoice: program or PyTorch's graph
+        self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
@@ -102,6 +103,8 @@ class CompiledBackward:
             artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
             if artifact is None:
                 artifact = self._from_disk(settings, inputs, sizes_, scalars, hooks)
+            if artifact is None and self._unpacked is None and has_unpack_hooks(self.gm):
+                return self._learn_unpacked(inputs, sizes, scalars, hooks, packed_data)
             if artifact is None:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
             args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
@@ -133,7 +136,7 @@ class CompiledBackward:
             results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         else:
             with torch.no_grad():
-                results = list(program(args, hooks))
+                results = list(program(args, hooks, packed=packed_data))
         if timed:
             seconds = time.perf_counter() - start
             if profile is not None:
@@ -143,6 +146,19 @@ class CompiledBackward:
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results
+
+    def _learn_unpacked(self, inputs, sizes, scalars, hooks, packed_data) -> list:
+        """A graph with saved-tensor unpack hooks (activation checkpointing): its first call
+        runs the captured graph itself, recording what the hooks return (for checkpointing,
+        the recomputed activations), which the re-trace of the next call needs. That call
+        then compiles, and the hooks stay Python calls inside the compiled backward."""
+        start = time.perf_counter()
+        results, self._unpacked = record_unpacked(self.gm, inputs, sizes, scalars, hooks, packed_data)
+        events.record(events.Event(self.capture_id, "fallback",
+                                   f"first call runs PyTorch's graph to see what its {len(self._unpacked)} "
+                                   f"saved-tensor unpack hooks return; the next call compiles",
+                                   "unpack hooks", seconds=time.perf_counter() - start))
+        return list(results)
 
     def _chose(self, choice) -> None:
         program_ms, pytorch_ms = 1e3 * choice.program_s, 1e3 * choice.pytorch_s
@@ -195,7 +211,7 @@ class CompiledBackward:
         start = time.perf_counter()
         dump = pipeline.Dump.for_graph(self.capture_id)
         try:
-            retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump)
+            retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump, self._unpacked)
         except RetraceError as exc:
             raise UnsupportedError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"

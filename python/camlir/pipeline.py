@@ -155,9 +155,10 @@ def _diagnostics(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------- shared prefix
 
-def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump) -> Retraced:
-    """retrace: the captured graph on fake tensors, down to aten ops with node provenance."""
-    retraced = retrace(gm, inputs, sizes, scalars, hooks, packed_data)
+def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump, unpacked=None) -> Retraced:
+    """retrace: the captured graph on fake tensors, down to aten ops with node provenance
+    (`unpacked`: what saved-tensor unpack hooks returned, see `retrace.record_unpacked`)."""
+    retraced = retrace(gm, inputs, sizes, scalars, hooks, packed_data, unpacked)
     dump("retrace", retraced.graph.code)
     return retraced
 

@@ -8,6 +8,7 @@ The module is decoded once into a flat list of steps (a callable, input slots, o
 slots); a call then only walks that list.
 """
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -41,16 +42,35 @@ class _Step:
     ins: tuple
     outs: tuple
     label: str = ""  # what `camlir.profile()` calls it: "kernel @k", "host aten.mm", "hook 2 (...)"
+    frees: tuple = ()  # slots read for the last time here, dropped after it
 
 
 class _Program:
-    """Straight-line code for one block: steps over a slot array."""
+    """Straight-line code for one block: steps over a slot array.
+
+    A value is dropped from the slot array after the last step that reads it, as the eager
+    engine frees a node's saved tensors once the node has run: holding every intermediate
+    until the end raised peak memory (a checkpointed model's recomputed activations all
+    stayed alive at once)."""
 
     def __init__(self, n_slots, arg_slots, steps, result_slots):
         self.n_slots = n_slots
         self.arg_slots = arg_slots
         self.steps = steps
         self.result_slots = result_slots
+        last = {}
+        for i, step in enumerate(steps):
+            for slot in step.ins:
+                last[slot] = i
+            for slot in step.outs:
+                last.setdefault(slot, i)  # a value nothing reads goes right after its step
+        keep = set(result_slots)
+        frees = [[] for _ in steps]
+        for slot, i in last.items():
+            if slot not in keep:
+                frees[i].append(slot)
+        for step, free in zip(steps, frees):
+            step.frees = tuple(free)
 
     def run(self, args, runtime):
         env = [None] * self.n_slots
@@ -62,6 +82,8 @@ class _Program:
             outs = step.fn([env[i] for i in step.ins], runtime)
             for slot, value in zip(step.outs, outs):
                 env[slot] = value
+            for slot in step.frees:
+                env[slot] = None
         return [env[i] for i in self.result_slots]
 
     def _run_timed(self, env, runtime):
@@ -76,19 +98,23 @@ class _Program:
                 profile.add_step(step.label, clock() - start)
                 for slot, value in zip(step.outs, outs):
                     env[slot] = value
+                for slot in step.frees:
+                    env[slot] = None
         finally:
             runtime.profiling = False
         return [env[i] for i in self.result_slots]
 
 
 class Runtime:
-    """What one backward call provides: the hooks list and the Python call-back table."""
+    """What one backward call provides: the hooks list, the Python call-back table and the
+    packed data of saved-tensor hooks."""
 
-    __slots__ = ("hooks", "callbacks", "profile", "profiling")
+    __slots__ = ("hooks", "callbacks", "packed", "profile", "profiling")
 
-    def __init__(self, hooks, callbacks=()):
+    def __init__(self, hooks, callbacks=(), packed=()):
         self.hooks = hooks
         self.callbacks = callbacks
+        self.packed = packed  # what saved-tensor pack hooks returned (unpack hooks take it)
         self.profile = profiling.current()  # None unless camlir.profile() or CA_LOGS=perf
         self.profiling = False
 
@@ -100,8 +126,8 @@ class EagerProgram:
         fn = require_func(module, func_name)
         self.program = compile_block(fn.regions[0].blocks[0], terminator="func.return")
 
-    def __call__(self, args, hooks, callbacks=()):
-        return self.program.run(list(args), Runtime(hooks, callbacks))
+    def __call__(self, args, hooks, callbacks=(), packed=()):
+        return self.program.run(list(args), Runtime(hooks, callbacks, packed))
 
 
 ALIAS = object()  # what `extra` returns for an op whose result is its operand (a cast)
@@ -208,6 +234,8 @@ def _hook_handler(op):
             _check_hook_results(rt.hooks[ident], kind, ins, (out,))
             return (out,)
         return tensor_pre
+    if kind == "unpack_hook":
+        return _unpack_handler(op, ident)
     if kind == "cpp_tensor_pre_hook":
         run_cpp_hooks = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks
         return lambda ins, rt: (run_cpp_hooks(ident, ins[0]),)
@@ -234,6 +262,26 @@ def _hook_handler(op):
         call_hook(rt.hooks[ident], ins[0], hook_type=kind)
         return ()
     return post_acc_grad
+
+
+def _unpack_handler(op, ident):
+    """A saved-tensor unpack hook: called on its packed value; what it returns must be what
+    the compiled code was built for (the capture saw its size and dtype), or the kernels
+    would read memory wrongly. Checked on every call: a clear error, never a wrong read."""
+    data_id = ir.IntegerAttr(op.attributes["data_id"]).value
+    expected = str(op.results[0].type)
+    m = re.match(r"!torch\.vtensor<\[([^\]]*)\],", expected)
+    dims = [None if d == "?" else int(d) for d in m.group(1).split(",")] if m and m.group(1) else []
+
+    def unpack(ins, rt):
+        out = call_hook(rt.hooks[ident], rt.packed[data_id], hook_type="unpack_hook")
+        if (not isinstance(out, torch.Tensor) or out.dim() != len(dims)
+                or any(d is not None and d != s for d, s in zip(dims, out.shape))):
+            got = f"{type(out).__name__} {tuple(out.shape) if isinstance(out, torch.Tensor) else ''}"
+            raise RuntimeError(f"camlir: saved-tensor unpack hook {ident} returned {got}, but the compiled "
+                               f"backward was built for {expected} (the tensor the capture saw)")
+        return (out,)
+    return unpack
 
 
 def _check_hook_results(hook, kind, grads, outs) -> None:

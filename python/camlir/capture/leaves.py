@@ -143,17 +143,34 @@ def _(param, old_grad, grad, has_post_hooks):
     return None
 
 
+@torch.library.custom_op("camlir::unpack_hook", mutates_args=())
+def unpack_hook(hook_id: int, data_id: int, size: list[int], stride: list[int], dtype: torch.dtype) -> Tensor:
+    """`camlir::unpack_hook`: saved-tensor unpack hook `hook_id` on packed value `data_id`
+    (what its pack hook returned); returns the tensor a node saved. `size`, `stride` and
+    `dtype` are what the capture's first run saw (the fake result's metadata). Imported as
+    `ca.hook` of kind `unpack_hook`; never run at trace time."""
+    raise RuntimeError("camlir::unpack_hook runs only inside a compiled backward (the packed data "
+                       "lives in the backward call)")
+
+
+@unpack_hook.register_fake
+def _(hook_id, data_id, size, stride, dtype):
+    return torch.empty_strided(size, stride, dtype=dtype)
+
+
 LEAF_OPS = {
     "camlir.tensor_pre_hook": "tensor_pre_hook",
     "camlir.cpp_tensor_pre_hook": "cpp_tensor_pre_hook",
     "camlir.pre_hook": "pre_hook",
     "camlir.post_hook": "post_hook",
     "camlir.post_acc_grad_hook": "post_acc_grad_hook",
+    "camlir.unpack_hook": "unpack_hook",
 }
 
 # Every leaf has an effect that no result shows (a hook runs Python; accumulation writes
 # `.grad`), so FX must never drop one as dead code. torch-mlir's importer runs FX's
 # dead-code elimination when it rewrites `as_strided`, and with the leaves declared pure it
 # deleted every accumulation of such a backward (no gradient at all, no error).
-for _op in (tensor_pre_hook, cpp_tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, accumulate_grad):
+for _op in (tensor_pre_hook, cpp_tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, unpack_hook,
+            accumulate_grad):
     torch.fx.node.has_side_effect(_op._opoverload)

@@ -81,6 +81,45 @@ def _hook_index(n: fx.Node) -> int:
     return int(h.args[1])
 
 
+def _data_index(n: fx.Node) -> int:
+    """An unpack hook's second argument is `packed_data[j]`; returns j."""
+    d = n.args[1]
+    if not (isinstance(d, fx.Node) and d.op == "call_function" and d.args and
+            getattr(d.args[0], "name", None) == "packed_data"):
+        raise RuntimeError(f"unexpected packed-data reference in {n.format_node()}")
+    return int(d.args[1])
+
+
+def has_unpack_hooks(gm: fx.GraphModule) -> bool:
+    """Whether the captured graph calls saved-tensor unpack hooks (activation checkpointing)."""
+    return any(n.op == "call_function" and n.target is call_hook and n.kwargs.get("hook_type") == "unpack_hook"
+               for n in gm.graph.nodes)
+
+
+class _UnpackRecorder(fx.Interpreter):
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.seen = {}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.op == "call_function" and n.target is call_hook and n.kwargs.get("hook_type") == "unpack_hook":
+            if not isinstance(out, torch.Tensor):
+                raise RuntimeError(f"a saved-tensor unpack hook returned {type(out).__name__}, not a tensor")
+            self.seen[n.name] = (tuple(out.shape), tuple(out.stride()), out.dtype)
+        return out
+
+
+def record_unpacked(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> tuple:
+    """Runs the captured graph for real (it is the backward: gradients land in `.grad`),
+    recording what each saved-tensor unpack hook returned: (results, {node name: (size,
+    stride, dtype)}). The re-trace needs those as fake tensors, and only running the hook
+    (for checkpointing: the forward's recomputation) tells them."""
+    recorder = _UnpackRecorder(gm)
+    results = recorder.run(inputs, sizes, scalars, hooks, packed_data)
+    return results, recorder.seen
+
+
 def node_label(n: fx.Node) -> str:
     """The autograd node `n` came from, as `"AddmmBackward0#2"` (name and its NodeCall
     index), or `n`'s own FX name when it has no provenance (`annotate_provenance` first)."""
@@ -103,9 +142,10 @@ class _Retracer(fx.Interpreter):
     what custom Functions' backwards read from `ctx` goes through the lift-or-guard rule
     into `value_guard`."""
 
-    def __init__(self, gm, value_guard: ValueGuard):
+    def __init__(self, gm, value_guard: ValueGuard, unpacked: Optional[dict] = None):
         super().__init__(gm)
         self.value_guard = value_guard
+        self.unpacked = unpacked or {}
 
     def run_node(self, n: fx.Node) -> Any:
         self._current = n
@@ -134,7 +174,13 @@ class _Retracer(fx.Interpreter):
             if kind == "post_acc_grad_hook":
                 torch.ops.camlir.post_acc_grad_hook(i, args[1])
                 return args[1]
-            raise NotImplementedError(f"hook kind '{kind}' (saved-tensor hooks) is not supported")
+            if kind == "unpack_hook":
+                if n.name not in self.unpacked:
+                    raise NotImplementedError("a saved-tensor unpack hook whose result was not seen yet "
+                                              "(record_unpacked runs the graph once first)")
+                size, stride, dtype = self.unpacked[n.name]
+                return torch.ops.camlir.unpack_hook(i, _data_index(n), list(size), list(stride), dtype)
+            raise NotImplementedError(f"hook kind '{kind}' is not supported")
         if target is call_backward:
             ctx, saved, *grads = args
             recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
@@ -213,15 +259,22 @@ def plain_sizes(sizes) -> list:
     return [unwrap_maybe_dynamic_int(s) for s in sizes]
 
 
-def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> Retraced:
-    """Re-traces one captured graph, using one call's real inputs for shapes and strides."""
+def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data, unpacked=None) -> Retraced:
+    """Re-traces one captured graph, using one call's real inputs for shapes and strides.
+    `unpacked` (`record_unpacked`) gives the metadata of what saved-tensor unpack hooks
+    return; a graph with such hooks needs it, and is traced with static sizes only."""
     annotate_provenance(gm)
     sizes = plain_sizes(sizes)
     value_guard = ValueGuard()
+    if unpacked and sizes:
+        raise RetraceError("saved-tensor hooks", NotImplementedError(
+            "saved-tensor unpack hooks (activation checkpointing) with sizes that change between "
+            "calls: the recomputed tensors' shapes are only known for the sizes seen"))
 
     def run(inputs, sizes, scalars):
         with torch.no_grad():
-            return _Retracer(gm, value_guard).run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
+            return _Retracer(gm, value_guard, unpacked).run(list(inputs), list(sizes), list(scalars), hooks,
+                                                             packed_data)
 
     with fx_traceback.preserve_node_meta(), ca_mod._disable():
         if not sizes:

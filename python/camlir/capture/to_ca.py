@@ -162,6 +162,11 @@ def _convert_hook(op: ir.Operation, kind: str) -> None:
     operands = list(op.operands)
     hook_id = _constant_int(operands[0])
     with ir.InsertionPoint(op), op.location:
+        if kind == "unpack_hook":
+            new = build.hook(kind, hook_id, [], [r.type for r in op.results], data_id=_constant_int(operands[1]))
+            op.results[0].replace_all_uses_with(new.results[0])
+            op.erase()
+            return
         if kind in ("tensor_pre_hook", "cpp_tensor_pre_hook", "post_acc_grad_hook"):
             new = build.hook(kind, hook_id, [operands[1]], [r.type for r in op.results])
             for old, res in zip(op.results, new.results):

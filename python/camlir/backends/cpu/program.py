@@ -62,11 +62,11 @@ class CpuProgram:
             return ALIAS  # a lifted size, already a plain int (a dynamic program's argument)
         return None
 
-    def __call__(self, args, hooks, callbacks=()):
+    def __call__(self, args, hooks, callbacks=(), packed=()):
         args = list(args)
         for i, p in self._perm_args:
             args[i] = args[i].permute(p)
-        return self.program.run(args, Runtime(hooks, callbacks))
+        return self.program.run(args, Runtime(hooks, callbacks, packed))
 
 
 def torch_twins(module: ir.Module) -> dict:

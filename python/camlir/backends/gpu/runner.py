@@ -428,6 +428,7 @@ def load(directory: str) -> Artifact:
 
 
 def main(argv=None) -> int:
+    """`python runner.py <artifact dir> ...`: runs (or, without CUDA, validates) artifacts."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print(__doc__.strip().splitlines()[0])
