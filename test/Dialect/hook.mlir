@@ -33,3 +33,12 @@ func.func @none_positions(%g: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32
   %0 = "ca.hook"(%g) {hook_id = 1 : i64, kind = "pre_hook", none_at = [1]} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
   return %0 : !torch.vtensor<[2],f32>
 }
+
+// A saved-tensor unpack hook (activation checkpointing): nothing in, the saved tensor out;
+// `data_id` is the position of what the pack hook returned.
+// CHECK-LABEL: func.func @unpack
+// CHECK: "ca.hook"() {data_id = 2 : i64, hook_id = 5 : i64, kind = "unpack_hook"} : () -> !torch.vtensor<[4,8],f32>
+func.func @unpack() -> !torch.vtensor<[4,8],f32> {
+  %t = "ca.hook"() {kind = "unpack_hook", hook_id = 5 : i64, data_id = 2 : i64} : () -> !torch.vtensor<[4,8],f32>
+  return %t : !torch.vtensor<[4,8],f32>
+}

@@ -365,3 +365,27 @@ func.func @negative_none_position(%g: !torch.vtensor<[2],f32>) {
   %0 = "ca.hook"(%g) {hook_id = 0 : i64, kind = "pre_hook", none_at = [-1]} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
   return
 }
+
+// -----
+
+func.func @unpack_without_data(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{'ca.hook' op requires integer attribute 'data_id'}}
+  %r = "ca.hook"() {kind = "unpack_hook", hook_id = 0 : i64} : () -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @unpack_with_operand(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{kind 'unpack_hook' takes nothing and returns 1 tensor, got 1 -> 1}}
+  %r = "ca.hook"(%g) {kind = "unpack_hook", hook_id = 0 : i64, data_id = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @data_id_on_another_kind(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{'data_id' is only meaningful on unpack_hook}}
+  %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, data_id = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
