@@ -1,16 +1,29 @@
-"""Hooking camlir into `backward()`: which calls are captured, with which settings.
+"""Hooking camlir into `backward()` and `torch.autograd.grad()`: which calls are captured,
+with which settings.
 
-`torch.autograd.backward` (which `Tensor.backward` calls) is wrapped while camlir is on
-(globally through `camlir.config.enabled`, or inside `camlir.enable()`). A wrapped call runs
-the autograd engine under PyTorch's compiled autograd with camlir's compiler function, so
-the engine hands camlir one graph of the whole backward. Calls with `create_graph=True`
-(double backward) are left to PyTorch.
+`torch.autograd.backward` (which `Tensor.backward` calls, `inputs=` included) and
+`torch.autograd.grad` are wrapped while camlir is on (globally through
+`camlir.config.enabled`, or inside `camlir.enable()`). A wrapped call runs the autograd
+engine under PyTorch's compiled autograd with camlir's compiler function, so the engine
+hands camlir one graph of the whole backward (for `autograd.grad`, the graph that computes
+the requested gradients, which are returned instead of accumulated).
+
+Left to PyTorch, each with its reason logged (a warning the first time), recorded as a
+`fallback` event (`camlir.explain()`) and counted in `camlir.counters["fallbacks"]`; under
+`fullgraph=True` they raise `UnsupportedError` instead:
+- `create_graph=True` (double backward): compiled autograd's gradients would not require
+  grad (measured on torch 2.13: no `grad_fn`, so the second backward fails or is wrong);
+- `is_grads_batched=True`: `vmap` over the backward, which compiled autograd's fake-tensor
+  capture rejects.
+A backward or `autograd.grad` called from inside a compiled backward (a hook) runs as plain
+PyTorch, as before.
 
 PyTorch keeps its compiled-autograd cache per graph structure, across calls; on a miss it
 explains why ("Cache miss due to ..."). Those reasons are collected through the verbose
 logger hook of compiled autograd's C++ side and attached to the capture.
 """
 
+import inspect
 import logging
 import threading
 import time
@@ -19,10 +32,14 @@ from typing import Callable, Optional
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
-from camlir import profiling
+from camlir import events, logs, profiling
+from camlir.errors import UnsupportedError
 from camlir.settings import active_settings, in_use, on_change
+from camlir.stats import counters
 
 _original_backward = torch.autograd.backward
+_original_grad = torch.autograd.grad
+_grad_signature = inspect.signature(_original_grad)
 _local = threading.local()  # `inside`: this thread is already in a wrapped backward
 _lock = threading.Lock()
 # What compiles a captured graph: fn(gm, reasons) -> the callable handed back to the
@@ -42,6 +59,7 @@ def refresh_patch() -> None:
     with _lock:
         wanted = in_use()
         torch.autograd.backward = _camlir_backward if wanted else _original_backward
+        torch.autograd.grad = _camlir_grad if wanted else _original_grad
 
 
 class _ReasonCollector(logging.Handler):
@@ -93,17 +111,39 @@ _one_at_a_time = threading.Lock()
 
 
 def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
-                     grad_variables=None, inputs=None):
+                          grad_variables=None, inputs=None):
+    def call():
+        return _original_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                                  inputs=inputs)
+
+    return _run("backward()", call, create_graph)
+
+
+def _camlir_grad_impl(*args, **kwargs):
+    try:
+        bound = _grad_signature.bind(*args, **kwargs)
+    except TypeError:  # let PyTorch say what is wrong with the call
+        return _original_grad(*args, **kwargs)
+    options = bound.arguments
+    return _run("torch.autograd.grad()", lambda: _original_grad(*args, **kwargs),
+                options.get("create_graph", False), options.get("is_grads_batched", False))
+
+
+def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False):
+    """Runs `call` (the original backward or grad with the user's arguments) captured by
+    camlir, or as plain PyTorch where camlir is off, inside a compiled backward, or where
+    the call is one camlir cannot capture (`_not_capturable`)."""
     settings = active_settings()
     if getattr(_local, "inside", False):  # a backward inside a hook of a compiled backward
-        return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
-                                  grad_variables, inputs=inputs)
-    if settings is None or create_graph:
+        return call()
+    reason = None if settings is None else _not_capturable(api, create_graph, batched)
+    if reason is not None:
+        _fall_back(reason, settings)
+    if settings is None or reason is not None:
         # Left to PyTorch; it still takes its turn, since a compiled backward running on
         # another thread would capture it too.
         with _one_at_a_time:
-            return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
-                                      grad_variables, inputs=inputs)
+            return call()
     # Checked before the autograd engine starts: an exception raised from inside compiled
     # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
     _the_compiler()
@@ -114,8 +154,7 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
         with _one_at_a_time, ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
             torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
             try:
-                return _original_backward(tensors, grad_tensors, retain_graph, create_graph,
-                                          grad_variables, inputs=inputs)
+                return call()
             finally:
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     finally:
@@ -124,18 +163,46 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
             profile.add_backward(time.perf_counter() - start)
 
 
+def _not_capturable(api: str, create_graph: bool, batched: bool) -> Optional[str]:
+    """Why a call must run as plain PyTorch, or None."""
+    if create_graph:
+        return (f"{api} with create_graph=True (double backward) runs uncompiled: compiled autograd's "
+                f"gradients do not require grad, so the graph of the gradients would be lost")
+    if batched:
+        return (f"{api} with is_grads_batched=True runs uncompiled: compiled autograd cannot capture "
+                f"a vmap over the backward")
+    return None
+
+
+_reported: set = set()  # fallback reasons already logged and recorded since the last reset
+
+
+def _fall_back(reason: str, settings) -> None:
+    """Raises under fullgraph; else counts the fallback and, the first time for this reason,
+    warns and records a `fallback` event (graph 0: nothing was captured)."""
+    if settings.fullgraph:
+        raise UnsupportedError(reason)
+    counters["fallbacks"] += 1
+    if reason not in _reported:
+        _reported.add(reason)
+        events.record(events.Event(0, "fallback", reason, "call"))
+        logs.log.warning("camlir: %s", reason)
+
+
 # camlir's capture and compile machinery must never be traced by Dynamo: inside a
 # `torch.compile`d function that calls `loss.backward()`, Dynamo would otherwise trace into
 # this wrapper and, from there, into the compiler itself (torch-mlir's importer, MLIR
 # bindings), breaking it. Disabled, the call is a graph break that runs as plain Python,
 # and the backward compiles natively as anywhere else.
 _camlir_backward = torch._dynamo.disable(_camlir_backward_impl, recursive=True)
+_camlir_grad = torch._dynamo.disable(_camlir_grad_impl, recursive=True)
 
 
 def reset() -> None:
     """Forgets every captured graph (PyTorch's compiled-autograd cache included)."""
     ca_mod.reset()
     take_reasons()
+    _reported.clear()
 
 
 # Follow config.enabled and the enable() scopes from now on, and catch up with any change
