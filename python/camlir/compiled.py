@@ -26,6 +26,7 @@ import torch
 from torch_mlir import ir
 
 from . import disk_cache, effects, events, graph_choice, logs, pipeline, profiling
+from . import repro  # first-call inputs kept for save_repro; repros on failure (CAMLIR_REPRO_DIR)
 from .backends.cpu import persist
 from .backends.cpu.program import CpuProgram
 from .backends.eager import InterpreterError
@@ -51,6 +52,7 @@ def forget_graphs() -> None:
     _compiled.clear()
     _capture_count[0] = 0
     events.forget()
+    repro.forget()
 
 
 def captured_graphs() -> list:
@@ -119,7 +121,12 @@ class CompiledBackward:
             kind = "recompile_limit" if isinstance(exc, RecompileLimitReached) else "fallback"
             events.record(events.Event(self.capture_id, kind, str(exc)))
             logs.log.warning("camlir: graph %d runs uncompiled from now on: %s", self.capture_id, exc)
+            repro.on_fallback(self.capture_id, str(exc), self.gm, inputs, sizes, scalars, hooks, packed_data,
+                              self._unpacked)
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        if repro.keep_inputs:  # off unless asked for: it copies every input of the graph's first call
+            repro.remember(self.capture_id, artifact.module, args, len(inputs), sizes_, artifact.retraced.symbolic,
+                           hooks)
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
@@ -353,6 +360,7 @@ class CompiledBackward:
             headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
             logs.log.warning("camlir: the cpu backend cannot compile %s (%s); it runs on the "
                              "reference interpreter", dump.label, headline)
+            repro.on_compile_failure(self.capture_id, headline, module, args, hooks, sizes)
             program = self._eager_program(module)
             program.not_native = f"the cpu backend could not compile it and interprets it ({headline})"
             return program, None
