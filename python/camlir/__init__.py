@@ -12,6 +12,7 @@ importing torch.
 """
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -22,9 +23,15 @@ _LAZY = {
     # has its compiler: `camlir.config.enabled = True` alone must patch backward.
     "config": "api", "counters": "stats", "UnsupportedError": "errors",
     "set_logs": "logs", "make_context": "context", "explain": "events", "explain_text": "events",
-    "profile": "profiling",
+    "profile": "profiling", "save_repro": "repro", "draw": "draw",
 }
 __all__ = sorted(_LAZY)
+
+
+if "torch" in sys.modules:  # DDP modules built after `import camlir` can then compile (ddp.py)
+    from . import ddp as _ddp
+
+    _ddp.install()
 
 
 def __getattr__(name):

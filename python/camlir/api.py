@@ -8,12 +8,14 @@ import contextlib
 
 import torch
 
-from . import compiled
+from . import compiled, ddp
 from .capture import engine
 from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config
 from .stats import counters
 
 engine.set_compiler(compiled.CompiledBackward)
+
+ddp.install()  # DistributedDataParallel modules built from now on use the Python reducer
 
 
 def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, fullgraph=None):

@@ -110,6 +110,25 @@ def _compiler_fn(gm):
 _one_at_a_time = threading.Lock()
 
 
+# A DistributedDataParallel built with its C++ reducer cannot run under compiled autograd
+# (PyTorch refuses before the backward starts). Importing camlir selects DDP's Python
+# reducer for modules built afterwards (camlir/ddp.py); one built before gets eager backwards.
+_CPP_REDUCER = "not compatible with C++ DDP Reducer"
+_warned_cpp_reducer = []
+
+
+def _ddp_cpp_reducer_fallback() -> None:
+    from camlir.stats import counters
+
+    counters["fallbacks"] += 1
+    if not _warned_cpp_reducer:
+        _warned_cpp_reducer.append(True)
+        logging.getLogger("camlir").warning(
+            "camlir: a DistributedDataParallel module uses its C++ reducer, which compiled autograd "
+            "cannot run; its backwards run eagerly (correct, not compiled). Build DDP after "
+            "`import camlir` (camlir selects DDP's Python reducer, see camlir/ddp.py) to compile them.")
+
+
 def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
                           grad_variables=None, inputs=None):
     def call():
@@ -151,12 +170,20 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     profile = profiling.current()
     start = time.perf_counter()
     try:
-        with _one_at_a_time, ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
-            torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
+        with _one_at_a_time:
             try:
-                return call()
-            finally:
-                torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
+                with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
+                    torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
+                    try:
+                        return call()
+                    finally:
+                        torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
+            except RuntimeError as exc:
+                if _CPP_REDUCER not in str(exc):
+                    raise
+            # The error comes before any node runs, so the graph is intact: run it eagerly.
+            _ddp_cpp_reducer_fallback()
+            return call()
     finally:
         _local.inside = False
         if profile is not None:
