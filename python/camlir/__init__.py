@@ -23,7 +23,7 @@ _LAZY = {
     # has its compiler: `camlir.config.enabled = True` alone must patch backward.
     "config": "api", "counters": "stats", "UnsupportedError": "errors",
     "set_logs": "logs", "make_context": "context", "explain": "events", "explain_text": "events",
-    "profile": "profiling", "save_repro": "repro", "draw": "draw",
+    "profile": "profiling", "save_repro": "repro", "draw": "drawing",
 }
 __all__ = sorted(_LAZY)
 

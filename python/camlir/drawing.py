@@ -1,4 +1,4 @@
-"""A picture of a captured backward: `camlir.draw(path)` and `python -m camlir.draw`.
+"""A picture of a captured backward: `camlir.draw(path)` and `python -m camlir.drawing`.
 
 The SVG shows the `ca` module's autograd nodes (`ca.node`, named as PyTorch names them:
 `AddmmBackward0#2`), Python hooks (`ca.hook`), calls back into Python (`ca.call_python`)
@@ -21,10 +21,11 @@ accumulations at the bottom), ordered within a layer by the mean position of the
 predecessors; the SVG is written here (boxes, labels, arrows, a legend). networkx comes
 with torch; graphviz would need a `dot` binary, which CI does not have.
 
-    python -m camlir.draw module.mlir out.svg [--lowered linalg.mlir]
+    python -m camlir.drawing module.mlir out.svg [--lowered linalg.mlir]
 
 draws a `ca` module file (e.g. `CA_DUMP_DIR`'s `*-import.mlir`; `--lowered`: that graph's
-`*-linalg.mlir`, instead of running the stages).
+`*-linalg.mlir`, instead of running the stages). The module is `drawing`, not `draw`: a
+submodule named like the function `camlir.draw` would replace it on the package once imported.
 """
 
 import argparse
@@ -363,8 +364,8 @@ def draw(path: str, graph=None) -> str:
 
 
 def main(argv=None) -> int:
-    """`python -m camlir.draw module.mlir out.svg [--lowered linalg.mlir]`."""
-    parser = argparse.ArgumentParser(prog="python -m camlir.draw", description="Draw a captured ca module as SVG.")
+    """`python -m camlir.drawing module.mlir out.svg [--lowered linalg.mlir]`."""
+    parser = argparse.ArgumentParser(prog="python -m camlir.drawing", description="Draw a captured ca module as SVG.")
     parser.add_argument("module", help="a ca module file (e.g. CA_DUMP_DIR's NN-import.mlir)")
     parser.add_argument("output", help="the SVG to write")
     parser.add_argument("--lowered", help="the same graph after the linalg stage (NN-linalg.mlir); "
