@@ -12,6 +12,7 @@ from .inline_hooks import InlineHooks
 from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
 from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
+from .narrow_float_conversions import NarrowFloatConversions
 from .outline_kernels import OutlineKernels
 from .specialize_layouts import SpecializeLayouts
 from .specialize_shapes import SpecializeShapes
@@ -20,7 +21,7 @@ from .unique_kernel_results import UniqueKernelResults
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
-          MatmulToBlas, DefineBlasWrappers,
+          MatmulToBlas, DefineBlasWrappers, NarrowFloatConversions,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
           ParallelDimsFirst, FlattenParallel)
 

@@ -18,12 +18,17 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  torch original kept as its twin (the runtime runs  ca-fuse-elementwise,
                  whichever measures faster: backends/cpu/choice.py) ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
-    math         pow by small constant exponents as multiplications ca-expand-powers, ca-approximate-math
-                 and sqrt; f32 exp/erf/tanh as vectorizable polynomials
+    math         pow by small constant exponents as multiplications ca-expand-powers,
+                 and sqrt; bf16/f16 arithmetic and math functions   math-extend-to-supported-types,
+                 in f32, rounded once per op (as PyTorch computes   arith-emulate-unsupported-floats,
+                 them); f32 exp/erf/tanh as vectorizable polynomials ca-approximate-math
     bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
     blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
     loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
-    llvm         the LLVM dialect; a powi left on vectors per lane  convert-math-to-funcs, convert-*-to-llvm
+    llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
+                 bf16/f16 conversions with f64 and integers through ca-narrow-float-conversions,
+                 f32, f32<->bf16 as integer bit operations (no soft- arith-expand{include-bf16=true},
+                 float calls left for the JIT)                      convert-*-to-llvm
     jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
 
 With `dynamic=True` (a symbolic capture compiled once for every size its guards accept):
@@ -261,11 +266,25 @@ def split(module: ir.Module, dump: Dump, dynamic: bool = False) -> tuple:
     return kernel_module, require_func(module, "backward"), specs
 
 
+# bf16/f16 arithmetic becomes f32 arithmetic with one rounding per op (what PyTorch's kernels
+# compute), and bf16/f16 math functions f32 ones (then approximated like any f32 one). Left
+# as it was, LLVM promotes it itself, through calls of `__truncsfbf2` that the JIT cannot
+# resolve on a CPU without AVX512-BF16 (the graph was then interpreted).
+_MATH = [
+    "ca-expand-powers",
+    "func.func(math-extend-to-supported-types{target-type=f32})",
+    "func.func(arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32})",
+    "ca-narrow-float-conversions",  # keeps each op's rounding (drops the `contract` flags)
+    "canonicalize",
+    "ca-approximate-math",
+]
+
+
 def math(kernel_module: ir.Module, dump: Dump) -> None:
     """math: pow by a constant small integer (or +-0.5) as multiplications and sqrt (a
     vector `powi` has no LLVM form), and f32 exp/erf/tanh as polynomials the vectorizer
     can take (libm calls stop it)."""
-    run_stage("math", kernel_module, ["ca-expand-powers", "ca-approximate-math"], dump)
+    run_stage("math", kernel_module, _MATH, dump)
 
 
 def bufferize(kernel_module: ir.Module, dump: Dump, dynamic: bool = False) -> None:
@@ -320,6 +339,13 @@ _TO_LLVM = [
     "convert-math-to-funcs",
     "convert-math-to-llvm",
     "convert-math-to-libm",    # f64 erf and friends
+    # No soft-float calls for the JIT (it cannot resolve them: "Symbols not found:
+    # __truncdfbf2"): bf16/f16 <-> f64/integer conversions go through f32 (after the last
+    # canonicalize, which would fold them back), then f32 <-> bf16 become integer bit
+    # operations, round to nearest even (this also expands min/max and ceil/floor divisions,
+    # into the same compare-and-select code LLVM emits for them).
+    "ca-narrow-float-conversions",
+    "arith-expand{include-bf16=true}",
     "convert-vector-to-llvm",  # also lowers the vectorizer's transfer ops to loads/stores
     "finalize-memref-to-llvm",
     "convert-to-llvm",

@@ -16,6 +16,7 @@ tracing leaves them alone.
 """
 
 import functools
+from typing import Optional
 
 import torch
 from torch._decomp import get_decompositions
@@ -122,6 +123,76 @@ def _sum(x, *, dtype=None):
     return aten.sum.default(x, dtype=torch.float32).to(x.dtype)
 
 
+def _mean_dim(x, dim=None, keepdim=False, *, dtype=None):
+    """A bf16/f16 mean accumulates (and divides) in float32, as eager's kernels do."""
+    if dtype is not None or x.dtype not in _LOW_PRECISION:
+        return NotImplemented
+    return aten.mean.dim(x, dim, keepdim, dtype=torch.float32).to(x.dtype)
+
+
+def _mean(x, *, dtype=None):
+    if dtype is not None or x.dtype not in _LOW_PRECISION:
+        return NotImplemented
+    return aten.mean.default(x, dtype=torch.float32).to(x.dtype)
+
+
+def _low_precision(args) -> Optional[torch.dtype]:
+    """The dtype of the first bf16/f16 tensor among `args`, else None."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dtype in _LOW_PRECISION:
+            return a.dtype
+    return None
+
+
+def _f32(a):
+    return a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _LOW_PRECISION else a
+
+
+def _in_float32(op, dtype_arg: Optional[int] = None):
+    """`op` on bf16/f16 tensors computed in float32 and rounded once, as eager's cpu kernel
+    computes it (in "opmath" float32). torch-mlir lowers such an op to a chain of bf16 ops,
+    each rounding (GELU's backward: erf, exp, several products), and the gradients of a
+    bf16 MLP drifted by up to 4x the bf16 tolerance from eager's. Matmuls go through f32 too:
+    their products of bf16 values are exact in f32, both accumulate in f32, and the f32
+    matmul becomes MKL's sgemm (the bf16 one ran as plain loops). `dtype_arg`: the position
+    of an argument naming the result dtype (softmax backwards' `input_dtype`), which becomes
+    float32 for the inner call; the result is cast back to it."""
+
+    def decomposition(*args, **kwargs):
+        low = _low_precision(args)
+        if low is None:
+            return NotImplemented
+        args = [_f32(a) for a in args]
+        result_dtype = low
+        if dtype_arg is not None:
+            result_dtype = args[dtype_arg] if args[dtype_arg] not in _LOW_PRECISION else low
+            args[dtype_arg] = torch.float32 if args[dtype_arg] in _LOW_PRECISION else args[dtype_arg]
+        out = op(*args, **kwargs)
+        return out.to(result_dtype)
+
+    return decomposition
+
+
+def _softmax_like(op):
+    """`_softmax`/`_log_softmax(x, dim, half_to_float)` on bf16/f16: in float32, rounded once
+    (or kept in float32 with `half_to_float`)."""
+
+    def decomposition(x, dim, half_to_float):
+        if x.dtype not in _LOW_PRECISION:
+            return NotImplemented
+        out = op(x.to(torch.float32), dim, False)
+        return out if half_to_float else out.to(x.dtype)
+
+    return decomposition
+
+
+# Ops eager computes in float32 for bf16/f16 tensors, rounding once (see `_in_float32`).
+# PyTorch's decompositions used above (`_DECOMPOSED`) already do (`pw_cast_for_opmath`).
+_FLOAT32_OPS = [aten.gelu_backward.default, aten.gelu.default, aten.tanh_backward.default,
+                aten.sigmoid_backward.default, aten.elu_backward.default, aten.softplus_backward.default,
+                aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default]
+
+
 @functools.cache
 def decomposition_table() -> dict:
     """OpOverload -> decomposition, for `make_fx(..., decomposition_table=...)` (shared: do
@@ -133,4 +204,27 @@ def decomposition_table() -> dict:
     table[aten.hardshrink_backward.default] = _shrink_backward
     table[aten.sum.dim_IntList] = _sum_dim
     table[aten.sum.default] = _sum
+    table[aten.mean.dim] = _mean_dim
+    table[aten.mean.default] = _mean
+    for op in _FLOAT32_OPS:
+        inner = table.get(op)
+        table[op] = _first_of(_in_float32(op), inner) if inner else _in_float32(op)
+    table[aten._softmax_backward_data.default] = _in_float32(aten._softmax_backward_data.default, dtype_arg=3)
+    table[aten._log_softmax_backward_data.default] = _in_float32(aten._log_softmax_backward_data.default,
+                                                                 dtype_arg=3)
+    table[aten._softmax.default] = _softmax_like(aten._softmax.default)
+    table[aten._log_softmax.default] = _softmax_like(aten._log_softmax.default)
     return table
+
+
+def _first_of(*decompositions):
+    """The first of `decompositions` that does not return NotImplemented."""
+
+    def decomposition(*args, **kwargs):
+        for d in decompositions:
+            out = d(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return NotImplemented
+
+    return decomposition
