@@ -1,10 +1,15 @@
 """The main job: train a small model with camlir's compiled backward, and show what it did.
 
-    python -m camlir.demo [--steps N] [--backend cpu|eager]
+    python -m camlir.demo [--steps N] [--backend cpu|eager] [--svg PATH]
+
+It also draws the captured backward (`camlir.draw`) to an SVG, by default
+`camlir-demo-backward.svg` in the temp directory; the path is printed.
 """
 
 import argparse
 import copy
+import os
+import tempfile
 
 import torch
 import torch.nn as nn
@@ -36,6 +41,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--backend", default=None, help="camlir backend (default: camlir.config.backend)")
+    parser.add_argument("--svg", default=os.path.join(tempfile.gettempdir(), "camlir-demo-backward.svg"),
+                        help="where to draw the captured backward (default: %(default)s)")
     args = parser.parse_args(argv)
 
     x, y = make_data()
@@ -86,6 +93,8 @@ def main(argv=None) -> int:
               f"{program.compile_seconds:.2f} s; {lowered.count('linalg.matmul')} matmuls go to BLAS, "
               f"{lowered.count('linalg.generic')} fused loops, "
               f"{'the hook was inlined' if 'ca.hook' not in lowered else 'hooks stay Python calls'}")
+    if graphs:
+        print(f"\npicture of the backward (nodes, kernels, hook, accumulations): {camlir.draw(args.svg)}")
     print("\nbackward time, median of 30 (ms):")
     for name, ms in _timings(model, x[:64], y[:64], args.backend).items():
         print(f"  {name:8s} {ms:.3f}")
