@@ -188,6 +188,15 @@ class Worker:
     def finish(self) -> dict:
         counters = dict(self.variant.camlir.counters) if self.variant.camlir is not None else {}
         notes = list(self.variant.notes.messages)
+        explain = getattr(self.variant.camlir, "explain", None)  # absent in older revisions
+        if explain is not None:
+            try:  # graph_choice: a program measured slower than PyTorch's captured graph is set aside
+                for event in explain(kind="choice"):
+                    if "PyTorch's captured graph" in event.reason:
+                        if not any(event.reason in note for note in notes):
+                            notes.append(f"graph {event.graph} {event.reason}")
+            except Exception:  # noqa: BLE001 - a note is not worth failing the row
+                pass
         if self.not_served:
             notes.insert(0, f"{self.not_served} backward calls were not run by camlir")
         return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes}
