@@ -323,6 +323,7 @@ def blas(kernel_module: ir.Module, dump: Dump) -> None:
 # ("non-trivial layout map"): such a module takes plain loops instead.
 _VECTOR_LOOPS = [
     "convert-linalg-to-affine-loops",
+    "ca-register-reductions",  # reductions in iter_args, which the vectorizer takes
     "func.func(affine-super-vectorize{virtual-vector-size=8 vectorize-reductions=true})",
     "lower-affine",
     "func.func(convert-vector-to-scf)",
