@@ -143,7 +143,7 @@ class CompiledBackward:
             results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         else:
             with torch.no_grad():
-                results = list(program(args, hooks, packed=packed_data))
+                results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
         if timed:
             seconds = time.perf_counter() - start
             if profile is not None:

@@ -148,12 +148,22 @@ def _camlir_grad_impl(*args, **kwargs):
                 options.get("create_graph", False), options.get("is_grads_batched", False))
 
 
+def _tracing() -> bool:
+    """Whether a tracer's proxy or fake-tensor mode is active: then the autograd call is
+    being recorded into someone's graph, not run, and camlir must stay out of it."""
+    key = torch._C._TorchDispatchModeKey
+    return (torch._C._get_dispatch_mode(key.PROXY) is not None
+            or torch._C._get_dispatch_mode(key.FAKE) is not None)
+
+
 def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False):
     """Runs `call` (the original backward or grad with the user's arguments) captured by
     camlir, or as plain PyTorch where camlir is off, inside a compiled backward, or where
     the call is one camlir cannot capture (`_not_capturable`)."""
     settings = active_settings()
-    if getattr(_local, "inside", False):  # a backward inside a hook of a compiled backward
+    if getattr(_local, "inside", False) or _tracing():
+        # A backward inside a hook of a compiled backward, or one that a tracer records
+        # (AOTAutograd traces a compiled region's backward with autograd.grad on fake tensors).
         return call()
     reason = None if settings is None else _not_capturable(api, create_graph, batched)
     if reason is not None:
