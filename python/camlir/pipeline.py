@@ -397,6 +397,32 @@ def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
         raise StageError("jit", str(exc)) from exc
 
 
+def to_kernels(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
+               shapes: Optional[dict] = None, dynamic: bool = False) -> tuple:
+    """The stages every compiling backend shares, on a copy of `module`: specialize (with
+    `sizes`), trace-hooks, layouts, kernels, linalg. Returns (the module, now a host
+    function plus linalg-on-tensors kernels; the hook guard; the input permutations), after
+    checking that every accumulation and Python hook is still there exactly once."""
+    work = ir.Module.parse(str(module))
+    if "ca.layout_sensitive" in work.operation.attributes:
+        why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
+        raise StageError("import", f"the backward reads physical strides ({why}); kernels assume "
+                                   f"contiguous tensors")
+    if sizes is not None:
+        specialize(work, sizes, shapes or {}, dump)
+    # After specialization: tracing needs static shapes, so a specialized capture's hooks
+    # are traced per size set; with `dynamic`, only hooks whose operands have static shapes
+    # (a parameter's gradient) are traced, the others stay Python calls.
+    guard = trace_hooks(work, hooks, device="cpu")
+    dump("trace-hooks", work)
+    expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
+    perms = layouts(work, args, dump, dynamic)
+    kernels(work, dump)
+    linalg(work, dump)
+    effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
+    return work, guard, perms
+
+
 def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
              shapes: Optional[dict] = None, dynamic: bool = False):
     """Compiles one variant of a captured `ca` module for the cpu; returns the program and
@@ -414,24 +440,8 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         raise ValueError("make_cpu: dynamic=True compiles without sizes; pass sizes or dynamic, not both")
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
-        work = ir.Module.parse(str(module))
-        if "ca.layout_sensitive" in work.operation.attributes:
-            why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
-            raise StageError("import", f"the backward reads physical strides ({why}); kernels assume "
-                                       f"contiguous tensors")
-        if sizes is not None:
-            specialize(work, sizes, shapes or {}, dump)
-        # After specialization: tracing needs static shapes, so a specialized capture's
-        # hooks are traced per size set; with `dynamic`, only hooks whose operands have
-        # static shapes (a parameter's gradient) are traced, the others stay Python calls.
-        guard = trace_hooks(work, hooks, device="cpu")
-        dump("trace-hooks", work)
-        expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
-        perms = layouts(work, args, dump, dynamic)
-        kernels(work, dump)
-        linalg(work, dump)
+        work, guard, perms = to_kernels(module, args, hooks, dump, sizes, shapes, dynamic)
         lowered_text = str(work)
-        effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
         kernel_module, host, specs = split(work, dump, dynamic)
         engine = make_native(kernel_module, dump, dynamic) if specs else None
         compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn) if dynamic
@@ -615,21 +625,8 @@ def make_gpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         require_gpu()
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
-        work = ir.Module.parse(str(module))
-        if "ca.layout_sensitive" in work.operation.attributes:
-            why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
-            raise StageError("import", f"the backward reads physical strides ({why}); kernels assume "
-                                       f"contiguous tensors")
-        if sizes is not None:
-            specialize(work, sizes, shapes or {}, dump)
-        guard = trace_hooks(work, hooks, device="cpu")
-        dump("trace-hooks", work)
-        expected = effects.in_module(work, python_hooks_only=True)
-        perms = layouts(work, args, dump)
-        kernels(work, dump)
-        linalg(work, dump)
+        work, guard, perms = to_kernels(module, args, hooks, dump, sizes, shapes)
         lowered_text = str(work)
-        effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
         kernel_module, host, specs = split(work, dump)
         plans, ptx = make_gpu_kernels(kernel_module, specs, dump, target) if specs else ({}, "")
         program = gpu_program.GpuProgram(host, plans, ptx, perms, lowered_text, time.perf_counter() - start,
