@@ -83,6 +83,7 @@ class CompiledBackward:
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
         self._graph_choices = {}     # id(program) -> GraphChoice: program or PyTorch's graph
+        self._program_kept = set()   # ids of programs measured faster than PyTorch's graph
         self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
         counters["captures"] += 1
         _capture_count[0] += 1
@@ -131,7 +132,7 @@ class CompiledBackward:
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
         which, choice = "program", None
-        if not settings.fullgraph and graph_choice.enabled():
+        if not settings.fullgraph and id(program) not in self._program_kept and graph_choice.enabled():
             choice = self._graph_choices.get(id(program))
             if choice is None:
                 choice = self._graph_choices[id(program)] = graph_choice.GraphChoice()
@@ -150,6 +151,8 @@ class CompiledBackward:
                 profile.add_program(seconds)
             if choice is not None and choice.measuring() and choice.record(tuple(sizes_), which, seconds):
                 self._chose(choice)
+                if choice.decided == "program":
+                    self._program_kept.add(id(program))  # no more bookkeeping on its calls
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results

@@ -178,7 +178,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     _the_compiler()
     _local.inside = True
     profile = profiling.current()
-    start = time.perf_counter()
+    start = time.perf_counter() if profile is not None else 0.0
     try:
         with _one_at_a_time:
             try:

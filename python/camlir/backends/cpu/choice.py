@@ -54,6 +54,7 @@ class KernelChoice:
         self._calls = 0
         self._samples: dict = {}  # input shapes -> ([native seconds], [torch seconds])
         self._run = self._measure
+        self.step = None  # the host program's step that calls this (set by CpuProgram)
 
     def __call__(self, ins, rt):
         return self._run(ins, rt)
@@ -91,6 +92,11 @@ class KernelChoice:
         else:
             self.chosen, self._run = "native", self._native
         self._samples.clear()
+        if self.step is not None:
+            # Decided: the step calls the pick directly (each Python call level cost ~1 us
+            # on every backward of a tiny model).
+            native = self.native
+            self.step.fn = self._torch if self.chosen == "torch" else (lambda ins, rt: native(ins))
 
     def __repr__(self) -> str:
         if self.chosen is None:

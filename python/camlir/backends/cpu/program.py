@@ -46,6 +46,9 @@ class CpuProgram:
         self.compile_seconds = compile_seconds
         self.program = compile_block(host.regions[0].blocks[0], terminator="func.return", extra=self._extra)
         self._perm_args = [(i, p) for i, p in enumerate(arg_perms) if p is not None]
+        for step in self.program.steps:  # a decided choice puts its pick in the step itself
+            if isinstance(step.fn, choice.KernelChoice):
+                step.fn.step = step
 
     def _extra(self, op: ir.Operation):
         if op.name == "ca.accumulate_grad" and _fresh_and_private(op.operands[1]):
