@@ -31,6 +31,7 @@ from .backends.cpu import persist
 from .backends.cpu.program import CpuProgram
 from .backends.eager import InterpreterError
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
+from .capture import engine
 from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_unpacked
 from .context import make_context
@@ -93,6 +94,7 @@ class CompiledBackward:
                                    what, new=new))
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
+        engine.running()  # from here on, an error is the backward's own (see engine._run)
         settings = active_settings()
         if settings is None:  # the engine reused this graph after camlir was switched off
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))

@@ -33,15 +33,12 @@ FOUND = [
     937,                  # not camlir's: the hook branched on a sum that is 0 up to rounding (the generator)
     54, 1761,             # in-place update through a view of a result with transposed strides
     482, 1094,            # bfloat16 sums accumulated in bfloat16
-    762, 1449,            # compiled step: StopIteration in PyTorch's compiled autograd capture
+    762, 1449,            # compiled step: StopIteration in PyTorch's compiled autograd capture,
+                          # now a fallback to the eager engine (capture/engine.py: _capture_failed)
 ]
 
 # seed -> the camlir bug it still hits (the reason of its strict xfail)
-OPEN_BUGS = {
-    762: "compiled step with a data-dependent tensor hook and a node pre hook: StopIteration in "
-         "compiled_autograd.reorder_pre_hook_nodes_to_mimic_eager",
-    1449: "compiled step with node pre hooks: StopIteration in compiled_autograd.reorder_pre_hook_nodes_to_mimic_eager",
-}
+OPEN_BUGS = {}
 
 SEEDS = COVERAGE + FOUND
 
@@ -54,6 +51,7 @@ def _param(seed):
 
 @pytest.mark.parametrize("seed", [_param(s) for s in SEEDS])
 def test_fuzz_seed(seed):
+    """Each seed's program gives eager's gradients through camlir, natively or by a fallback."""
     result = fuzz_programs.check(seed)
     assert result["class"] != "invalid", f"the generator made a program eager rejects: {result['detail']}"
     bad = {mode: f"{r['class']}: {r['detail']}" for mode, r in result["modes"].items()

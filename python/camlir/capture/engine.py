@@ -117,6 +117,27 @@ _CPP_REDUCER = "not compatible with C++ DDP Reducer"
 _warned_cpp_reducer = []
 
 
+def running() -> None:
+    """Called by the compiled backward when it starts running the graph (a program or the
+    captured graph): from then on an error is the backward's own, not a failed capture."""
+    _local.ran = True
+
+
+def _capture_failed(exc: BaseException, settings) -> None:
+    """PyTorch's compiled-autograd capture (or camlir before running anything) raised: under
+    fullgraph that is the error; otherwise the backward runs eagerly, counted and recorded.
+    Seen: `StopIteration` in compiled autograd's `reorder_pre_hook_nodes_to_mimic_eager`
+    (fuzz seeds 762, 1449: node pre-hooks in a torch.compile'd step)."""
+    reason = f"compiled autograd could not capture this backward ({type(exc).__name__}: {exc}); it runs eagerly"
+    if settings.fullgraph:
+        raise UnsupportedError(reason) from exc
+    counters["fallbacks"] += 1
+    events.record(events.Event(0, "fallback", reason, "capture"))
+    if reason not in _reported:  # once per reason: a graph whose capture fails, fails every step
+        _reported.add(reason)
+        logs.log.warning("camlir: %s", reason)
+
+
 def _ddp_cpp_reducer_fallback() -> None:
     from camlir.stats import counters
 
@@ -177,6 +198,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
     _the_compiler()
     _local.inside = True
+    _local.ran = False
     profile = profiling.current()
     start = time.perf_counter() if profile is not None else 0.0
     try:
@@ -188,11 +210,15 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                         return call()
                     finally:
                         torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
-            except RuntimeError as exc:
-                if _CPP_REDUCER not in str(exc):
+            except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
+                if getattr(_local, "ran", False):
                     raise
-            # The error comes before any node runs, so the graph is intact: run it eagerly.
-            _ddp_cpp_reducer_fallback()
+                if _CPP_REDUCER in str(exc):
+                    _ddp_cpp_reducer_fallback()
+                else:
+                    _capture_failed(exc, settings)
+            # The error came before any node ran (PyTorch's capture, or camlir before its
+            # program started), so the graph is intact: run the backward eagerly.
             return call()
     finally:
         _local.inside = False
