@@ -5,7 +5,7 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.dialects import affine
 
-from camlir.dialects.ca.ir_helpers import ops_named
+from camlir.dialects.ca.ir_helpers import ops_matching, ops_named
 
 from .base import CAPass
 
@@ -114,7 +114,7 @@ def _rewrite(loop: ir.Operation) -> bool:
 def _only_access(loop: ir.Operation, buffer: ir.Value, load: ir.Operation, store: ir.Operation) -> bool:
     """Nothing in `loop` but `load` and `store` touches `buffer`'s memory (through any view)."""
     root = _root(buffer)
-    for op in _all_ops(loop):
+    for op in ops_matching(loop, lambda op: True)[1:]:  # the loop's body, nested ops included
         if op == load or op == store:
             continue
         for v in op.operands:
@@ -123,14 +123,6 @@ def _only_access(loop: ir.Operation, buffer: ir.Value, load: ir.Operation, store
         if op.name in ("func.call", "llvm.call"):
             return False  # a call could write anything
     return True
-
-
-def _all_ops(root: ir.Operation):
-    for region in root.regions:
-        for block in region.blocks:
-            for op in block.operations:
-                yield op.operation
-                yield from _all_ops(op.operation)
 
 
 def _carry(loop: ir.Operation, load: ir.Operation, store: ir.Operation) -> None:
