@@ -199,6 +199,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     _the_compiler()
     _local.inside = True
     _local.ran = False
+    _local.at_end = []
     profile = profiling.current()
     start = time.perf_counter() if profile is not None else 0.0
     try:
@@ -207,7 +208,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                 with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
                     torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
                     try:
-                        return call()
+                        result = call()
                     finally:
                         torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
             except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
@@ -217,13 +218,44 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     _ddp_cpp_reducer_fallback()
                 else:
                     _capture_failed(exc, settings)
-            # The error came before any node ran (PyTorch's capture, or camlir before its
-            # program started), so the graph is intact: run the backward eagerly.
-            return call()
+                # The error came before any node ran (PyTorch's capture, or camlir before its
+                # program started), so the graph is intact: run the backward eagerly.
+                result = call()
+            _ended(failed=False)
+            return result
+    except BaseException:
+        _ended(failed=True)
+        raise
     finally:
         _local.inside = False
         if profile is not None:
             profile.add_backward(time.perf_counter() - start)
+
+
+def at_end(fn: Callable[[bool], None]) -> None:
+    """Runs `fn(failed)` when the camlir backward running on this thread ends: `fn(False)`
+    just before `backward()` returns, `fn(True)` when the backward raises. For hooks that
+    must finish something before the backward returns (camlir/ddp.py waits for its
+    all-reduces here): PyTorch drops the final callbacks a hook queues with
+    `Variable._execution_engine.queue_callback` in a compiled backward (torch 2.13)."""
+    _local.at_end.append(fn)
+
+
+def in_backward() -> bool:
+    """Whether this thread is inside a backward that camlir runs (its hooks included)."""
+    return getattr(_local, "inside", False)
+
+
+def _ended(failed: bool) -> None:
+    callbacks, _local.at_end = getattr(_local, "at_end", []), []
+    for fn in callbacks:
+        if not failed:
+            fn(False)
+            continue
+        try:
+            fn(True)
+        except Exception:  # noqa: BLE001 - the backward's own error is the one to raise
+            logs.log.exception("camlir: an end-of-backward callback failed after the backward failed")
 
 
 def _not_capturable(api: str, create_graph: bool, batched: bool) -> Optional[str]:
