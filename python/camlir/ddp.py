@@ -185,6 +185,7 @@ class BucketReducer:
                 self.where[i] = (bucket, slot)
         names = {p: n for n, p in ddp.module.named_parameters()}
         self.names = [names.get(p, f"parameter {i}") for i, p in enumerate(params)]
+        self.last = {}        # the last reducing backward: buckets, launched_in_hooks (before its end)
         self.expect = False   # a forward with grad, outside no_sync, ran since the last reduction
         self.active = False   # inside a reducing backward
         self.handles = [p.register_post_accumulate_grad_hook(functools.partial(_grad_ready, weakref.ref(self), i))
@@ -288,6 +289,7 @@ class BucketReducer:
                         self._wait(bucket)
                 return
             used = None
+            self.last = {"buckets": len(self.buckets), "launched_in_hooks": self.next}
             if self.next < len(self.buckets):
                 if not self._unused_allowed(ddp):
                     for bucket in self.buckets[:self.next]:
