@@ -1,0 +1,345 @@
+"""PyTorch's own compiled-autograd tests, run with camlir as the compiler (a long run, not CI).
+
+    .venv/bin/python test/python/pytorch_ca_suite.py PATH/test/inductor/test_compiled_autograd.py
+    PYTORCH_CA_TEST_FILE=PATH .venv/bin/python test/python/pytorch_ca_suite.py --backend eager
+
+PyTorch's file is not part of this repository: get it from a PyTorch checkout (any version
+near the installed torch) and pass its path. It needs `expecttest` importable
+(`pip install --target DIR expecttest`, then `--extra-path DIR`). Its wrapped suites
+(`test/test_autograd.py` etc., loaded relative to the file) run too when they are there;
+when they are not, the statements that load them are skipped and reported.
+
+How camlir is put in place of Inductor: every `torch._dynamo.compiled_autograd._enable(fn)`
+the tests open (directly, through `check_output_and_recompiles`, or through
+`config.compiled_autograd=True` + `torch.compile`) is replaced by a camlir scope
+(`camlir.enable(backend=...)`) with PyTorch's compiled autograd switched on with camlir's own
+compiler function, so every graph compiled autograd captures goes through
+`compiled.CompiledBackward`, and the test's compiler function (and any check it does on the
+graph) is not called. `_disable()` scopes are honoured.
+
+Each test runs in its own subprocess with a timeout (`--timeout`, default 300 s), at most
+`--jobs` (default 2) at a time, with one thread each. A test that fails with camlir other than
+on an assertion about counters, logs or graph text is run again with PyTorch's own compiler
+(stock Inductor, nothing patched), and each test is put in one class:
+
+| class | meaning |
+|---|---|
+| PASS | passes with camlir |
+| SKIP | skipped by the test itself (GPU only, ...) |
+| SAME_AS_STOCK | fails with camlir and fails with stock PyTorch too |
+| INDUCTOR_SPECIFIC | with camlir an assertion about counters, logs or graph text fails (in `check_output_and_recompiles` the outputs were compared equal before the counters), or the compiler function's own check never ran; not rerun with stock |
+| WRONG | passes with stock PyTorch; with camlir a value differs (tensors not close/equal, a gradient check in the test) |
+| CRASH | the child died (signal, abort) or an exception came out of camlir's own code |
+| HANG | ran past the timeout |
+| OTHER | passes with stock PyTorch, fails with camlir in some other way: to triage |
+
+The report (`--json FILE`, and a table on stdout) lists, per test, the class, camlir's
+counters in that child (captures, compiles, fallbacks, interpreted), the failing line and
+the message. `-k SUBSTR` runs only tests whose id contains SUBSTR; `--no-stock` skips the
+stock reruns. Documented in docs/pytorch-suite.md.
+"""
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+import unittest
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULT_MARK = "@@PYTORCH_CA_SUITE_RESULT@@"
+
+
+# ---------------------------------------------------------------------------------------
+# The child: load PyTorch's test file, install camlir (or not), run one test.
+
+def _install_camlir(backend):
+    """Replaces compiled autograd's `_enable` so that each scope a test opens compiles with
+    camlir (see the module docstring)."""
+    import torch
+    from torch._dynamo import compiled_autograd as ca
+
+    import camlir
+    from camlir.capture import engine
+
+    original = ca._enable
+
+    @contextlib.contextmanager
+    def camlir_enable(compiler_fn, dynamic=True, ignore_active_disable_ctx=True):
+        if compiler_fn is engine._compiler_fn:  # camlir's own scope, opened per backward
+            with original(compiler_fn, dynamic=dynamic,
+                          ignore_active_disable_ctx=ignore_active_disable_ctx):
+                yield
+            return
+        if not ignore_active_disable_ctx and ca.active_disable_ctx:
+            yield  # inside `_disable()`: compiled autograd stays off, as PyTorch does
+            return
+        with camlir.enable(backend=backend):
+            with original(engine._compiler_fn, dynamic=dynamic,
+                          ignore_active_disable_ctx=ignore_active_disable_ctx):
+                yield
+
+    ca._enable = camlir_enable
+    torch._dynamo.compiled_autograd._enable = camlir_enable
+    return camlir
+
+
+def _load_module(path):
+    """Executes PyTorch's test file statement by statement, as module `test_compiled_autograd`
+    (so tracebacks keep its line numbers); a top-level statement that fails (the loads of
+    sibling suites that are not there) is skipped and reported."""
+    with open(path) as f:
+        source = f.read()
+    tree = ast.parse(source, path)
+    module = types.ModuleType("test_compiled_autograd")
+    module.__file__ = os.path.abspath(path)
+    sys.modules[module.__name__] = module
+    skipped = []
+    for stmt in tree.body:
+        if (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
+                and isinstance(stmt.test.left, ast.Name) and stmt.test.left.id == "__name__"):
+            continue  # `if __name__ == "__main__": run_tests()`
+        code = compile(ast.Module(body=[stmt], type_ignores=[]), path, "exec")
+        try:
+            exec(code, module.__dict__)
+        except Exception as exc:  # noqa: BLE001 - reported, and the rest still loads
+            skipped.append(f"line {stmt.lineno}: {type(exc).__name__}: {exc}"[:300])
+    return module, skipped
+
+
+def _test_ids(module):
+    ids = []
+    loader = unittest.TestLoader()
+    for name, obj in sorted(vars(module).items()):
+        if (isinstance(obj, type) and issubclass(obj, unittest.TestCase)
+                and obj.__module__ == module.__name__):
+            ids += [f"{name}.{test}" for test in loader.getTestCaseNames(obj)]
+    return ids
+
+
+class _Result(unittest.TestResult):
+    def __init__(self):
+        super().__init__()
+        self.outcome = None
+
+    def _failed(self, kind, test, err):
+        exc_type, exc, tb = err
+        frames = traceback.extract_tb(tb)
+        self.outcome = {
+            "status": kind,
+            "exc_type": exc_type.__name__,
+            "message": str(exc)[:2000],
+            "traceback": "".join(traceback.format_exception(exc_type, exc, tb))[-6000:],
+            "frames": [(f.filename, f.lineno, f.name, f.line) for f in frames],
+        }
+
+    def addError(self, test, err):
+        self._failed("error", test, err)
+
+    def addFailure(self, test, err):
+        self._failed("failure", test, err)
+
+    def addSuccess(self, test):
+        self.outcome = self.outcome or {"status": "pass"}
+
+    def addSkip(self, test, reason):
+        self.outcome = {"status": "skip", "message": str(reason)}
+
+    def addExpectedFailure(self, test, err):
+        self.outcome = {"status": "pass", "message": "expected failure"}
+
+    def addUnexpectedSuccess(self, test):
+        self.outcome = {"status": "failure", "exc_type": "UnexpectedSuccess",
+                        "message": "unexpected success", "frames": []}
+
+
+def child_main(args):
+    for extra in args.extra_path:
+        sys.path.insert(0, extra)
+    camlir = _install_camlir(args.backend) if args.mode == "camlir" else None
+    module, skipped = _load_module(args.path)
+    if args.list:
+        print(RESULT_MARK + json.dumps({"ids": _test_ids(module), "skipped_statements": skipped}))
+        return
+    cls_name, test_name = args.test.split(".", 1)
+    test = getattr(module, cls_name)(test_name)
+    result = _Result()
+    start = time.perf_counter()
+    test.run(result)
+    outcome = result.outcome or {"status": "error", "exc_type": "NoOutcome", "message": "",
+                                 "frames": []}
+    outcome["seconds"] = round(time.perf_counter() - start, 2)
+    if camlir is not None:
+        outcome["camlir"] = {key: camlir.counters[key] for key in
+                             ("captures", "compiles", "fallbacks", "interpreted", "cache_hits")}
+        outcome["fallback_reasons"] = sorted({e.reason[:300] for e in camlir.explain()
+                                              if e.kind == "fallback"})
+    sys.stdout.flush()
+    print(RESULT_MARK + json.dumps(outcome, default=str))
+
+
+# ---------------------------------------------------------------------------------------
+# The parent: list the tests, run each in a child, classify.
+
+def _run_child(args, mode, test=None, list_only=False, timeout=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
+           "--backend", args.backend, args.path]
+    for extra in args.extra_path:
+        cmd += ["--extra-path", extra]
+    cmd += ["--list"] if list_only else ["--test", test]
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CAMLIR_DISK_CACHE="0",
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(args.workdir, "inductor-cache"),
+               TORCHINDUCTOR_COMPILE_THREADS="1")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=args.workdir)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stdout or b"")[-2000:]
+        return {"status": "hang", "seconds": round(time.perf_counter() - start, 1),
+                "message": f"no result after {timeout} s",
+                "output_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    return {"status": "died", "returncode": proc.returncode,
+            "seconds": round(time.perf_counter() - start, 1),
+            "message": f"child exited with {proc.returncode} and no result",
+            "output_tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+_INDUCTOR_SPECIFIC_LINE = re.compile(
+    r"counters|compiles|captures|unique_graphs|logs|assertExpectedInline|graph_code|"
+    r"expected_logs|cudagraph|\bgm\b|graphs\[|post_grad|op_set|called_funcs")
+_VALUE_MESSAGE = re.compile(r"Tensor-likes are not (close|equal)|Booleans mismatch|"
+                            r"Scalars are not (close|equal)|grad", re.I)
+
+
+def _in_camlir(frame_file):
+    return f"{os.sep}camlir{os.sep}" in frame_file and "pytorch_ca_suite" not in frame_file
+
+
+def _failing_test_line(outcome, path):
+    """The last traceback line inside PyTorch's test file: the statement that failed."""
+    for filename, lineno, _name, line in reversed(outcome.get("frames", [])):
+        if os.path.abspath(filename) == os.path.abspath(path):
+            return lineno, line or ""
+    return None, ""
+
+
+def classify(camlir_outcome, stock_outcome, path):
+    status = camlir_outcome["status"]
+    if status == "pass":
+        return "PASS"
+    if status == "skip":
+        return "SKIP"
+    if status == "hang":
+        return "HANG"
+    if status == "died":
+        return "CRASH"
+    frames = camlir_outcome.get("frames", [])
+    if (status == "error" and frames and _in_camlir(frames[-1][0])
+            and camlir_outcome.get("exc_type") != "AssertionError"):
+        return "CRASH"
+    if stock_outcome is not None and stock_outcome["status"] not in ("pass", "skip"):
+        return "SAME_AS_STOCK"
+    _, line = _failing_test_line(camlir_outcome, path)
+    message = camlir_outcome.get("message", "")
+    if _INDUCTOR_SPECIFIC_LINE.search(line):
+        return "INDUCTOR_SPECIFIC"
+    if camlir_outcome.get("exc_type") == "AssertionError" and _VALUE_MESSAGE.search(message + line):
+        return "WRONG"
+    return "OTHER"
+
+
+def parent_main(args):
+    if not args.path:
+        sys.exit("give the path of PyTorch's test/inductor/test_compiled_autograd.py "
+                 "(argument or PYTORCH_CA_TEST_FILE)")
+    args.path = os.path.abspath(args.path)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="pytorch-ca-suite-")
+    os.makedirs(args.workdir, exist_ok=True)
+    listing = _run_child(args, "camlir", list_only=True, timeout=600)
+    if "ids" not in listing:
+        sys.exit(f"could not list the tests: {json.dumps(listing)[:3000]}")
+    ids = [t for t in listing["ids"] if not args.k or any(k in t for k in args.k)]
+    print(f"{len(ids)} tests from {args.path} (backend {args.backend}, {args.jobs} jobs, "
+          f"timeout {args.timeout} s)", flush=True)
+    for note in listing["skipped_statements"]:
+        print(f"  not loaded: {note}", flush=True)
+
+    def one(test_id):
+        outcome = _run_child(args, "camlir", test_id, timeout=args.timeout)
+        stock = None
+        verdict = classify(outcome, None, args.path)
+        # An assertion about counters, logs or graph text says nothing about camlir's
+        # gradients: only the other failures are checked against stock PyTorch.
+        if verdict not in ("PASS", "SKIP", "INDUCTOR_SPECIFIC") and not args.no_stock:
+            stock = _run_child(args, "stock", test_id, timeout=args.timeout)
+            verdict = classify(outcome, stock, args.path)
+        lineno, line = _failing_test_line(outcome, args.path)
+        record = {"test": test_id, "class": verdict, "camlir": outcome,
+                  "stock_status": None if stock is None else stock["status"],
+                  "stock_message": None if stock is None else stock.get("message", "")[:500],
+                  "line": lineno, "line_text": line}
+        counts = outcome.get("camlir", {})
+        print(f"{verdict:17s} {test_id}  [{outcome.get('seconds', '?')} s; "
+              f"compiles {counts.get('compiles', '-')}, fallbacks {counts.get('fallbacks', '-')}]"
+              + ("" if verdict in ("PASS", "SKIP") else
+                 f"\n      {outcome.get('exc_type', outcome['status'])}: "
+                 f"{outcome.get('message', '')[:200]!r} (line {lineno}: {line.strip()[:100]})"),
+              flush=True)
+        return record
+
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
+        records = list(pool.map(one, ids))
+    totals = {}
+    for record in records:
+        totals[record["class"]] = totals.get(record["class"], 0) + 1
+    print(f"\n{len(records)} tests in {time.time() - start:.0f} s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"path": args.path, "backend": args.backend, "totals": totals,
+                       "skipped_statements": listing["skipped_statements"],
+                       "tests": records}, f, indent=1, default=str)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("path", nargs="?", default=os.environ.get("PYTORCH_CA_TEST_FILE"),
+                        help="PyTorch's test/inductor/test_compiled_autograd.py")
+    parser.add_argument("--backend", default="cpu", choices=("cpu", "eager"))
+    parser.add_argument("--jobs", type=int, default=2, help="at most 2")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
+    parser.add_argument("-k", action="append", default=[], help="only test ids containing this")
+    parser.add_argument("--json", help="write the full report here")
+    parser.add_argument("--no-stock", action="store_true",
+                        help="do not rerun failures with stock PyTorch")
+    parser.add_argument("--extra-path", action="append", default=[],
+                        help="a directory to put on sys.path (e.g. where expecttest is)")
+    parser.add_argument("--workdir", help="where caches go (default: a new temp dir)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("camlir", "stock"), default="camlir",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--test", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args)
+    return parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
