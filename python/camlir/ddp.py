@@ -40,6 +40,7 @@ raises (DDP would register it on the unused C++ reducer: a silent no-op).
 import functools
 import inspect
 import logging
+import time
 import weakref
 
 _installed = []
@@ -185,7 +186,8 @@ class BucketReducer:
                 self.where[i] = (bucket, slot)
         names = {p: n for n, p in ddp.module.named_parameters()}
         self.names = [names.get(p, f"parameter {i}") for i, p in enumerate(params)]
-        self.last = {}        # the last reducing backward: buckets, launched_in_hooks (before its end)
+        self.last = {}        # the last reducing backward: buckets, launched_in_hooks, end_wait_s
+        self.overlap = True   # False: every bucket waits for the end of the backward (bench/ddp.py)
         self.expect = False   # a forward with grad, outside no_sync, ran since the last reduction
         self.active = False   # inside a reducing backward
         self.handles = [p.register_post_accumulate_grad_hook(functools.partial(_grad_ready, weakref.ref(self), i))
@@ -223,7 +225,7 @@ class BucketReducer:
         self._fill(bucket, slot, grad)
         self.got[i] = True
         self.missing[bucket.index] -= 1
-        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+        while self.overlap and self.next < len(self.buckets) and self.missing[self.next] == 0:
             self._launch(self.buckets[self.next])
             self.next += 1
 
@@ -280,6 +282,7 @@ class BucketReducer:
         import torch.distributed as dist
 
         ddp = self._ddp()
+        start = time.perf_counter()
         self.active = False
         self.expect = False
         try:
@@ -290,7 +293,7 @@ class BucketReducer:
                 return
             used = None
             self.last = {"buckets": len(self.buckets), "launched_in_hooks": self.next}
-            if self.next < len(self.buckets):
+            if self.next < len(self.buckets) and (self.overlap or not all(self.got)):
                 if not self._unused_allowed(ddp):
                     for bucket in self.buckets[:self.next]:
                         self._wait(bucket)
@@ -308,6 +311,9 @@ class BucketReducer:
                             else:
                                 self._fill(bucket, slot, grad)
                     self._launch(bucket)
+            for bucket in self.buckets[self.next:]:  # overlap off: launched now, all gradients in
+                if bucket.index not in self.pending:
+                    self._launch(bucket)
             if self._unused_allowed(ddp):
                 used = torch.tensor(self.got, dtype=torch.int32)
                 dist.all_reduce(used, group=self.group)
@@ -324,6 +330,7 @@ class BucketReducer:
                         p.grad = view.clone()
                     elif p.grad.data_ptr() != view.data_ptr():
                         p.grad.copy_(view)
+            self.last["end_wait_s"] = time.perf_counter() - start
         finally:
             self._reset()
 
