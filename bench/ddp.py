@@ -2,6 +2,7 @@
 
     python -m bench.ddp                                   # MLP, 6 layers of 2048, batch 64
     python -m bench.ddp --width 1024 --layers 4 --rounds 10   # a quick look
+    python -m bench.ddp --hook-cost                       # one process: what post-accumulate-grad hooks cost
 
 Two processes (ranks), one thread each (`torch.set_num_threads(1)`), gloo over localhost.
 Each rank builds, from the same seed, one model per variant:
@@ -120,6 +121,44 @@ def _rank(rank, args, port, results):
         dist.destroy_process_group()
 
 
+def hook_cost(args) -> str:
+    """One process, one thread, no DDP: the same MLP's backward on the eager engine, compiled
+    by camlir, and compiled by camlir with a no-op post-accumulate-grad hook on every
+    parameter (what DDP's reducer adds to the graph). Interleaved, medians."""
+    os.environ["CAMLIR_GRAPH_CHOICE"] = "0"  # always camlir's program, never routed to eager
+    os.environ.setdefault("CAMLIR_DISK_CACHE", "0")
+    import torch
+
+    import camlir
+
+    torch.set_num_threads(1)
+    models = {name: _model(args) for name in ("eager", "camlir", "camlir_with_hooks")}
+    for p in models["camlir_with_hooks"].parameters():
+        p.register_post_accumulate_grad_hook(lambda p: None)
+    x = torch.randn(args.batch, args.inputs)
+    times = {name: [] for name in models}
+    for i in range(args.warmup + args.rounds):
+        for name, model in models.items():
+            model.zero_grad(set_to_none=True)
+            loss = model(x).pow(2).mean()
+            start = time.perf_counter()
+            with camlir.enable() if name != "eager" else _nothing():
+                loss.backward()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    eager = statistics.median(times["eager"])
+    return "\n".join(f"{name}: {1e3 * statistics.median(t):.1f} ms ({statistics.median(t) / eager:.2f}x)"
+                     for name, t in times.items())
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,7 +206,11 @@ def main(argv=None) -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's 25)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--hook-cost", action="store_true", help="one process, no DDP: see hook_cost()")
     args = parser.parse_args(argv)
+    if args.hook_cost:
+        print(hook_cost(args))
+        return
 
     import torch.multiprocessing as mp
 
