@@ -24,6 +24,7 @@ logger hook of compiled autograd's C++ side and attached to the capture.
 """
 
 import inspect
+import os
 import logging
 import threading
 import time
@@ -123,6 +124,22 @@ def running() -> None:
     _local.ran = True
 
 
+def _past_capture(exc: BaseException) -> bool:
+    """Whether `exc` came out of compiled autograd's `runtime_wrapper`, which runs a captured
+    graph (the anomaly-mode NaN check, then the compiled function). PyTorch has released the
+    graph's saved tensors by then (measured on torch 2.13: an eager backward afterwards fails
+    with "Trying to backward through the graph a second time"), so that error is the
+    backward's own and cannot be answered by rerunning the backward eagerly."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "runtime_wrapper" and code.co_filename.endswith(
+                os.path.join("_dynamo", "compiled_autograd.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _capture_failed(exc: BaseException, settings) -> None:
     """PyTorch's compiled-autograd capture (or camlir before running anything) raised: under
     fullgraph that is the error; otherwise the backward runs eagerly, counted and recorded.
@@ -212,7 +229,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     finally:
                         torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
             except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
-                if getattr(_local, "ran", False):
+                if getattr(_local, "ran", False) or _past_capture(exc):
                     raise
                 if _CPP_REDUCER in str(exc):
                     _ddp_cpp_reducer_fallback()
