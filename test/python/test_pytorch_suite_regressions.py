@@ -48,3 +48,49 @@ def test_anomaly_mode_without_nans_still_compiles_exactly(backend):
         step().backward()
     torch.testing.assert_close(w.grad, expected)
     assert camlir.counters["fallbacks"] == 0
+
+
+def _steps(backend, dynamic, make_loss, shapes, params):
+    """Gradients of `params` for one backward per entry of `shapes`, eager and through
+    camlir; compared step by step."""
+    for shape in shapes:
+        torch.manual_seed(sum(shape))
+        loss = make_loss(*shape)
+        expected = torch.autograd.grad(loss, params, retain_graph=True)
+        for p in params:
+            p.grad = None
+        with camlir.enable(backend=backend, dynamic=dynamic):
+            loss.backward()
+        for p, e in zip(params, expected):
+            torch.testing.assert_close(p.grad, e)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_rank_view_that_moves_elements_between_dims(backend, dynamic):
+    # A view of the same rank whose dims change, in a program compiled with dynamic sizes:
+    # (b, 4) -> (s, 4b/s) forward, so the backward views the gradient from (s, 4b/s) back
+    # to (b, 4). torch-mlir lowered such a view as a cast, as if the shape were kept
+    # (PyTorch's test_dynamic_shapes_eager_node: a size check failed in the kernel).
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    params = list(lin1.parameters()) + list(lin2.parameters())
+
+    def make_loss(b, s):
+        x = torch.randn(b, 4)
+        return lin2(lin1(x).relu()).relu().view(s, -1).sum()
+
+    _steps(backend, dynamic, make_loss, [(10, 2), (20, 4), (30, 8), (12, 3)], params)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_rank_view_feeding_the_accumulation_directly(backend):
+    # The viewed gradient goes straight into `.grad`, with no later op whose size check
+    # would catch a wrong shape: it must come out (n, 4) with the right values.
+    w = torch.randn(4, requires_grad=True)
+
+    def make_loss(n, s):
+        x = torch.randn(n, 4)
+        return ((x * w).view(s, -1).sin() * torch.arange(n * 4.0).view(s, -1)).sum()
+
+    _steps(backend, True, make_loss, [(6, 3), (10, 5), (12, 8), (9, 4)], [w])

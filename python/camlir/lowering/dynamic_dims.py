@@ -127,3 +127,51 @@ def refine_transpose_inputs(module: ir.Module) -> None:
             if refined != in_sizes:
                 with op.location, ir.InsertionPoint(op):
                     op.operands[0] = _static_info_cast(op.operands[0], _vtensor(refined, dtype))
+
+
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
+
+
+def flatten_same_rank_views(module: ir.Module) -> None:
+    """Sends each same-rank view with a dynamic dim through a 1-d view first, in place.
+
+    torch-mlir lowers a view whose input and result have the same rank, and whose types
+    differ, as a `tensor.cast`: `aten.view(%x : [?,?], [%n, 4]) -> [?,4]` becomes a cast of
+    `%x`, as if only the dims' static knowledge changed. That holds when the view keeps the
+    shape and is wrong when it moves elements between dims: `x` of shape (8, 15) viewed as
+    (30, 4) came out (8, 4) and the next op failed its size check (PyTorch's
+    test_dynamic_shapes_eager_node: `result.view(s, -1).sum()` whose backward views the
+    expanded gradient back). Collapsed to 1-d first (`aten.view(%x, [-1])`), the view is an
+    expand from rank 1, which torch-mlir lowers from the number of elements, exactly.
+
+    Left alone: views changing the rank (torch-mlir reshapes those with the sizes given),
+    1-d inputs or results, fully static views, and same-type views with at most one dynamic
+    dim (the element count then fixes that dim, so the view keeps the shape).
+    """
+    ops = ops_named(module, *_VIEWS)
+    with module.context:
+        int_type = ir.Type.parse("!torch.int")
+        list_type = ir.Type.parse("!torch.list<int>")
+        for op in ops:
+            in_sizes, dtype = _sizes(op.operands[0].type)
+            out_sizes, _ = _sizes(op.results[0].type)
+            if in_sizes is None or out_sizes is None or len(in_sizes) != len(out_sizes) or len(in_sizes) < 2:
+                continue
+            if None not in in_sizes and None not in out_sizes:
+                continue
+            if in_sizes == out_sizes and in_sizes.count(None) <= 1:
+                continue
+            numel = None
+            if None not in in_sizes:
+                numel = 1
+                for s in in_sizes:
+                    numel *= s
+            with op.location, ir.InsertionPoint(op):
+                minus_one = ir.Operation.create(
+                    "torch.constant.int", results=[int_type],
+                    attributes={"value": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), -1)})
+                dims = ir.Operation.create("torch.prim.ListConstruct", operands=[minus_one.results[0]],
+                                           results=[list_type])
+                flat = ir.Operation.create("torch.aten.view", operands=[op.operands[0], dims.results[0]],
+                                           results=[_vtensor([numel], dtype)])
+            op.operands[0] = flat.results[0]

@@ -9,7 +9,8 @@ run-time size checks where dims are dynamic.
 Steps:
 0. With dynamic dims, static sizes the import claims but torch-mlir cannot derive are
    handled first (`dynamic_dims.py`): casts onto transpose inputs, results returned through
-   an identity op typed as declared.
+   an identity op typed as declared, and same-rank views with a dynamic dim sent through a
+   1-d view (torch-mlir would lower them as a cast, wrong when they move elements between dims).
 1. torch-mlir's `torch-function-to-torch-backend-pipeline`: shape/dtype refinement and
    torch-mlir's own decompositions, down to its backend contract.
 2. `torch-backend-to-linalg-on-tensors-backend-pipeline`: torch ops to linalg/tensor/arith/
@@ -32,7 +33,7 @@ from torch_mlir.passmanager import PassManager
 
 from camlir.dialects.ca.ir_helpers import aten_name, ops_matching
 
-from .dynamic_dims import pin_results, refine_transpose_inputs
+from .dynamic_dims import flatten_same_rank_views, pin_results, refine_transpose_inputs
 from .negative_dims import normalize_negative_dims
 from .tm_tensor import lower_tm_tensor
 
@@ -130,6 +131,7 @@ def lower_to_linalg(module: ir.Module) -> None:
                             "these ops are extern: call them through torch", stamps.of_ops(externs))
     normalize_negative_dims(module)
     refine_transpose_inputs(module)
+    flatten_same_rank_views(module)
     pin_results(module)
     try:
         _run(module, _TORCH_BACKEND)
