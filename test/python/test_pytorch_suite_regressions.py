@@ -94,3 +94,64 @@ def test_same_rank_view_feeding_the_accumulation_directly(backend):
         return ((x * w).view(s, -1).sin() * torch.arange(n * 4.0).view(s, -1)).sum()
 
     _steps(backend, True, make_loss, [(6, 3), (10, 5), (12, 8), (9, 4)], [w])
+
+
+@pytest.fixture
+def bump_op():
+    """`camlir_regress::bump(Tensor(a!) x) -> Tensor`: adds 5 to `x` in place and returns
+    the column sums of the new `x`."""
+    with torch.library._scoped_library("camlir_regress", "FRAGMENT") as lib:
+        lib.define("bump(Tensor(a!) x) -> Tensor", tags=torch.Tag.pt2_compliant_tag)
+
+        def bump(x):
+            x.add_(5)
+            return x.sum(0)
+
+        lib.impl("bump", bump, "CPU")
+        lib.impl("bump", lambda x: x.sum(0), "Meta")
+        yield torch.ops.camlir_regress.bump
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mutating_custom_op_recomputed_in_the_backward(backend, bump_op):
+    # Selective checkpointing recomputes a custom op that writes into its argument inside
+    # the AOT backward, where it appears functionalized (`auto_functionalized`): the op
+    # must run on a copy, and both its result and the written copy be used. Both backends
+    # called it in place with one result bound to two names (the eager backend failed with
+    # "self must be a matrix", the cpu one returned wrong gradients; PyTorch's
+    # test_trace_auto_functionalized).
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, func, *args, **kwargs):
+        if func is torch.ops.higher_order.auto_functionalized:
+            return CheckpointPolicy.MUST_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def body(x):
+        y = torch.matmul(x, x)
+        col = bump_op(y)
+        return torch.matmul(y, y) * col
+
+    def context_fn():
+        return create_selective_checkpoint_contexts(policy)
+
+    def region(x):
+        return checkpoint(body, x, use_reentrant=False, context_fn=context_fn)
+
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(enable_auto_functionalized_v2=False):
+        grads = []
+        for use_camlir in (False, True):
+            torch._dynamo.reset()
+            torch.manual_seed(3)
+            x = torch.randn(4, 4, requires_grad=True)
+            out = torch.compile(region, backend="aot_eager", fullgraph=True)(x)
+            if use_camlir:
+                with camlir.enable(backend=backend):
+                    out.sum().backward()
+            else:
+                out.sum().backward()
+            grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+    assert camlir.counters["compiles"] == 1 and camlir.counters["fallbacks"] == 0

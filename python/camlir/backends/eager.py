@@ -404,16 +404,40 @@ def _aten_handler(op: ir.Operation, target: str):
         raise InterpreterError(target, f"{n_operands} operands for a schema with {len(converters)} arguments")
     converters = converters[:n_operands]
     n_results = len(op.results)
+    n_returns = len(schema.returns)
+    mutated = [i for i, arg in enumerate(schema.arguments[:n_operands])
+               if arg.alias_info is not None and arg.alias_info.is_write]
+    # An op that writes into some of its arguments, imported in functional form: torch-mlir
+    # imports `auto_functionalized(op, ...)` (a custom mutating op in an AOT backward, e.g.
+    # recomputed under selective checkpointing) as the op itself with results
+    # (*its results, *the new values of the arguments it writes). Calling the op as is would
+    # write into values other ops still read, and bind its one result to the wrong names.
+    functional = bool(mutated) and n_results == n_returns + len(mutated)
 
     def run(ins, rt):
         args, kwargs = [], {}
-        for value, (name, kwarg_only, conv) in zip(ins, converters):
+        written = []
+        for i, (value, (name, kwarg_only, conv)) in enumerate(zip(ins, converters)):
             if conv is not None and isinstance(value, int):
                 value = conv[value]
+            if functional and i in mutated:
+                value = _clone_keeping_strides(value)  # as auto_functionalized does
+                written.append(value)
             if kwarg_only:
                 kwargs[name] = value
             else:
                 args.append(value)
-        return _as_tuple(overload(*args, **kwargs), n_results)
+        out = overload(*args, **kwargs)
+        if functional:
+            return _as_tuple(out, n_returns) + tuple(written)
+        return _as_tuple(out, n_results)
 
     return run
+
+
+def _clone_keeping_strides(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    from torch._prims_common import clone_preserve_strides  # what auto_functionalized uses
+
+    return clone_preserve_strides(value)
