@@ -155,3 +155,48 @@ def test_mutating_custom_op_recomputed_in_the_backward(backend, bump_op):
             grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0])
     assert camlir.counters["compiles"] == 1 and camlir.counters["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_inside_a_backward_left_to_pytorch_does_not_hang(backend):
+    # create_graph=True is left to PyTorch's engine; a custom Function's backward in that
+    # graph runs another, unrelated backward on the same thread. That inner call waited
+    # forever for the lock the outer call held (PyTorch's test_no_nested_compiled_autograd).
+    import threading
+
+    class CallsBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            a = torch.randn(3, 3, requires_grad=True)
+            (a.sin() * 3).sum().backward()
+            inner.append(a.grad.clone() - 3 * a.detach().cos())
+            return g * 2
+
+    def run(use_camlir):
+        x = torch.randn(4, requires_grad=True)
+        loss = (CallsBackward.apply(x) ** 2).sum()
+        if use_camlir:
+            with camlir.enable(backend=backend):
+                loss.backward(create_graph=True)
+        else:
+            loss.backward(create_graph=True)
+        return x
+
+    inner = []
+    torch.manual_seed(0)
+    expected = run(False)
+    result = {}
+    torch.manual_seed(0)
+    worker = threading.Thread(target=lambda: result.setdefault("x", run(True)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the nested backward hung"
+    x = result["x"]
+    torch.testing.assert_close(x.grad, expected.grad)
+    assert x.grad.requires_grad  # create_graph kept the graph of the gradient
+    for diff in inner:  # the inner backward's gradients were exact as well
+        torch.testing.assert_close(diff, torch.zeros(3, 3))

@@ -108,7 +108,11 @@ def _compiler_fn(gm):
 # compiled autograd call", and a later "Nested Compiled Autograd Contexts" assertion). So
 # camlir's backward calls take turns; each is still compiled and exact. (Measured: four
 # threads, each training its own model, failed three of four before; all exact now.)
-_one_at_a_time = threading.Lock()
+# Re-entrant: a backward left to PyTorch (create_graph=True, ...) can call another
+# backward on the same thread from inside (a custom Function's backward, reentrant
+# checkpointing); with a plain Lock that one waited forever (PyTorch's
+# test_no_nested_compiled_autograd hung).
+_one_at_a_time = threading.RLock()
 
 
 # A DistributedDataParallel built with its C++ reducer cannot run under compiled autograd
