@@ -12,10 +12,11 @@ when they are not, the statements that load them are skipped and reported.
 How camlir is put in place of Inductor: every `torch._dynamo.compiled_autograd._enable(fn)`
 the tests open (directly, through `check_output_and_recompiles`, or through
 `config.compiled_autograd=True` + `torch.compile`) is replaced by a camlir scope
-(`camlir.enable(backend=...)`) with PyTorch's compiled autograd switched on with camlir's own
-compiler function, so every graph compiled autograd captures goes through
-`compiled.CompiledBackward`, and the test's compiler function (and any check it does on the
-graph) is not called. `_disable()` scopes are honoured.
+(`camlir.enable(backend=...)`), exactly what a user writes: each backward inside runs under
+PyTorch's compiled autograd with camlir's compiler function, so every graph captured goes
+through `compiled.CompiledBackward`, and what camlir leaves to PyTorch (create_graph=True)
+runs eagerly. The test's compiler function (and any check it does on the graph) is not
+called. `_disable()` scopes are honoured.
 
 Each test runs in its own subprocess with a timeout (`--timeout`, default 300 s), at most
 `--jobs` (default 2) at a time, with one thread each. A test that fails with camlir other than
@@ -82,10 +83,10 @@ def _install_camlir(backend):
         if not ignore_active_disable_ctx and ca.active_disable_ctx:
             yield  # inside `_disable()`: compiled autograd stays off, as PyTorch does
             return
+        # Only camlir's own scope: each backward then runs the way camlir.enable() runs it
+        # for users (what camlir leaves to PyTorch, e.g. create_graph=True, runs eagerly).
         with camlir.enable(backend=backend):
-            with original(engine._compiler_fn, dynamic=dynamic,
-                          ignore_active_disable_ctx=ignore_active_disable_ctx):
-                yield
+            yield
 
     ca._enable = camlir_enable
     torch._dynamo.compiled_autograd._enable = camlir_enable
