@@ -11,8 +11,9 @@ symbolic capture included), and a call is a `cache_hit` only when nothing was co
 Every capture and compile is recorded with its reason and cost (`camlir.explain()`,
 `CA_LOGS=recompiles`). A graph that needs more than `config.recompile_limit` programs
 warns once, with the reasons, and runs uncompiled from then on (`fullgraph=True` raises).
-A program that measures slower than the captured graph it replaces is set aside for that
-graph (`graph_choice.py`; never under `fullgraph=True`).
+A structure whose compiled backward measures slower than the eager engine runs on the eager
+engine (`graph_choice.py`, decided in `capture/engine.py` before compiled autograd runs;
+never under `fullgraph=True`).
 
 When camlir cannot handle a graph, `fullgraph=True` raises `UnsupportedError` naming the
 node or op; otherwise PyTorch runs the captured graph itself (logged, counted in
@@ -83,8 +84,6 @@ class CompiledBackward:
         self._miss = None       # (what, reason) of the last guard that failed in a lookup
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
-        self._graph_choices = {}     # id(program) -> GraphChoice: program or PyTorch's graph
-        self._program_kept = set()   # ids of programs measured faster than PyTorch's graph
         self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
         counters["captures"] += 1
         _capture_count[0] += 1
@@ -92,9 +91,11 @@ class CompiledBackward:
         what, new = events.capture_cause(reasons)
         events.record(events.Event(self.capture_id, "capture", "; ".join(reasons) or "first backward",
                                    what, new=new))
+        if graph_choice.enabled():
+            graph_choice.routes.wake()  # time this new structure against the eager engine
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
-        engine.running()  # from here on, an error is the backward's own (see engine._run)
+        engine.running(self)  # from here on, an error is the backward's own (see engine._run)
         settings = active_settings()
         if settings is None:  # the engine reused this graph after camlir was switched off
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
@@ -121,6 +122,7 @@ class CompiledBackward:
                 raise UnsupportedError(str(exc)) from exc
             self.fallback_reason = str(exc)
             counters["fallbacks"] += 1
+            graph_choice.routes.wake()  # so that later backwards of this structure run eagerly
             kind = "recompile_limit" if isinstance(exc, RecompileLimitReached) else "fallback"
             events.record(events.Event(self.capture_id, kind, str(exc)))
             logs.log.warning("camlir: graph %d runs uncompiled from now on: %s", self.capture_id, exc)
@@ -133,28 +135,12 @@ class CompiledBackward:
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
-        which, choice = "program", None
-        if not settings.fullgraph and id(program) not in self._program_kept and graph_choice.enabled():
-            choice = self._graph_choices.get(id(program))
-            if choice is None:
-                choice = self._graph_choices[id(program)] = graph_choice.GraphChoice()
-            which = choice.pick()
         profile = profiling.current()
-        timed = profile is not None or choice is not None and choice.measuring()
-        start = time.perf_counter() if timed else 0.0
-        if which == "pytorch":
-            results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
-        else:
-            with torch.no_grad():
-                results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
-        if timed:
-            seconds = time.perf_counter() - start
-            if profile is not None:
-                profile.add_program(seconds)
-            if choice is not None and choice.measuring() and choice.record(tuple(sizes_), which, seconds):
-                self._chose(choice)
-                if choice.decided == "program":
-                    self._program_kept.add(id(program))  # no more bookkeeping on its calls
+        start = time.perf_counter() if profile is not None else 0.0
+        with torch.no_grad():
+            results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
+        if profile is not None:
+            profile.add_program(time.perf_counter() - start)
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results
@@ -171,16 +157,6 @@ class CompiledBackward:
                                    f"saved-tensor unpack hooks return; the next call compiles",
                                    "unpack hooks", seconds=time.perf_counter() - start))
         return list(results)
-
-    def _chose(self, choice) -> None:
-        program_ms, pytorch_ms = 1e3 * choice.program_s, 1e3 * choice.pytorch_s
-        if choice.decided == "pytorch":
-            reason = (f"runs PyTorch's captured graph: {pytorch_ms:.3f} ms per backward against "
-                      f"{program_ms:.3f} ms for the compiled program")
-            logs.log.info("camlir: graph %d %s", self.capture_id, reason)
-        else:
-            reason = f"runs the compiled program: {program_ms:.3f} ms per backward against {pytorch_ms:.3f} ms"
-        events.record(events.Event(self.capture_id, "choice", reason, "speed", program_ms, pytorch_ms))
 
     def compiling(self, what: str, reason: str, old, new, build):
         """The gate every compile of this graph goes through: refuses past

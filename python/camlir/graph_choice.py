@@ -1,16 +1,34 @@
-"""No compiled backward slower than PyTorch's own: the choice, per program, by measurement.
+"""No compiled backward slower than the eager engine's: the choice, per backward structure,
+by measurement, made before compiled autograd runs.
 
-A compiled program replaces the graph that PyTorch's compiled autograd captured, whose
-nodes run PyTorch's own backward formulas (hand-tuned kernels such as oneDNN's batch-norm
-backward). Where camlir's program is slower than that graph (on the bench CNN, the
-decomposed batch-norm backward measured 3.6 ms in our loops against 2.2 ms for eager's
-whole backward), the graph should run instead. `GraphChoice` decides per program: after
-`START` calls (the kernel-level choices of `backends/cpu/choice.py` settle first), calls
-alternate between the program and the captured graph until each has `SAMPLES` timings for
-the same sizes; the graph is kept when its median is below `MARGIN` times the program's
-(at least 15% faster).
-Both are exact, so the choice never changes a gradient beyond rounding. `fullgraph=True`
-always runs the program. `CAMLIR_GRAPH_CHOICE=0` turns the measurement off.
+What a compiled backward replaces is `loss.backward()` on PyTorch's eager autograd engine,
+which calls PyTorch's own backward formulas (oneDNN's batch-norm and convolution backward,
+for example) with no capture at all. The compiled path adds compiled autograd's own work
+on every call: its C++ walk of the graph, lifting every saved tensor and size, and its
+Python wrapper. Measured on W1 (one `Linear(10, 10)`): the eager step 59 us, compiled
+autograd with a compiled function that does nothing 85 us, camlir's program 120 us. On a
+backward that small no compiled program can win; on the bench CNN camlir's loops lost to
+oneDNN's batch-norm backward. So:
+
+- `structure_key(roots, inputs)` names a backward before it runs: the autograd nodes
+  reachable from the roots (their types and edges, and which leaf each accumulation
+  writes). It is only a routing key: two backwards that share one run the same way, and
+  either way is exact.
+- `Routes` keeps a `Route` per key. After `START` calls (the kernel-level choices of
+  `backends/cpu/choice.py` settle first), calls alternate between the compiled backward and
+  the eager engine until each has `SAMPLES` timings; the eager engine is kept when its
+  median is below `MARGIN` times the compiled one's. Either way the decision is an event
+  (`camlir.explain(kind="choice")`).
+- A structure whose compiled backward fell back (`CompiledBackward.fallback_reason`) is
+  routed to the eager engine from its next call on: a fallback would otherwise run compiled
+  autograd's own graph, with compiled autograd's own bugs (issue 10, item 9).
+
+Keys cost a walk of the graph in Python (measured below), so they are computed only while
+the table is `awake`: a new capture wakes it, and it sleeps again once every route has
+decided for the compiled backward. `fullgraph=True` always runs the compiled backward;
+so does a process in a `torch.distributed` group (ranks deciding differently would issue
+different collectives). `CAMLIR_GRAPH_CHOICE=0` turns the measurement off (fallback routing
+stays: it is about correctness, not speed).
 """
 
 import os
@@ -18,27 +36,65 @@ import statistics
 
 START = 16
 # Conservative: a wrong switch costs every later call. With 5 samples and a 10% margin, W2
-# at 2 threads switched to the graph on noise (10.6 vs 11.8 ms measured) and then ran at
-# 12.5 ms per backward against 9.8 ms for the program.
+# at 2 threads switched on noise (10.6 vs 11.8 ms measured) and then ran at 12.5 ms per
+# backward against 9.8 ms for the program.
 SAMPLES = 9
 MARGIN = 0.85
 
 
 def enabled() -> bool:
-    """Whether programs are checked against PyTorch's graph (`CAMLIR_GRAPH_CHOICE`, default on)."""
+    """Whether compiled backwards are timed against the eager engine (`CAMLIR_GRAPH_CHOICE`,
+    default on)."""
     return os.environ.get("CAMLIR_GRAPH_CHOICE", "1") not in ("0", "false", "off")
 
 
-class GraphChoice:
-    """`pick()` says which to run next ("program" or "pytorch"); `record(key, which,
-    seconds)` adds a timing for this call's sizes (`key`); `decided` is then set, and
-    `program_s`/`pytorch_s` hold the medians it decided on."""
+def structure_key(roots, inputs=()) -> tuple:
+    """A name for the backward from `roots` (tensors), before it runs: per reachable node, in
+    a fixed depth-first order, its type, the leaf it accumulates into (AccumulateGrad) and
+    the numbers of its successors; plus the `inputs=` tensors. Cost: ~1 us per node."""
+    numbers: dict = {}
+    items = []
+    stack = []
+    for t in roots:
+        node = t.grad_fn
+        if node is None:
+            items.append(("leaf", id(t)))
+            continue
+        if id(node) not in numbers:
+            numbers[id(node)] = len(numbers)
+            stack.append(node)
+    while stack:
+        node = stack.pop()
+        children = []
+        for child, _ in node.next_functions:
+            if child is None:
+                children.append(-1)
+                continue
+            number = numbers.get(id(child))
+            if number is None:
+                number = numbers[id(child)] = len(numbers)
+                stack.append(child)
+            children.append(number)
+        name = type(node).__name__
+        items.append((name, id(node.variable) if name == "AccumulateGrad" else 0, tuple(children)))
+    return tuple(items) + tuple(id(t) for t in inputs)
+
+
+class Route:
+    """How backwards of one structure run. `pick()` says which runs next ("compiled" or
+    "eager"); `record(which, seconds)` adds a timing and returns True when it decided;
+    `decided` is then set, with `compiled_s`/`eager_s` the medians it decided on, and
+    `reason` says why (for a fallback, the fallback's reason)."""
+
+    __slots__ = ("calls", "decided", "compiled_s", "eager_s", "reason", "graph", "_compiled", "_eager")
 
     def __init__(self):
         self.calls = 0
         self.decided = None
-        self.program_s = self.pytorch_s = None
-        self._samples: dict = {}
+        self.compiled_s = self.eager_s = None
+        self.reason = ""
+        self.graph = 0  # capture id of the compiled backward that served it, when known
+        self._compiled, self._eager = [], []
 
     def pick(self) -> str:
         if self.decided is not None:
@@ -46,19 +102,56 @@ class GraphChoice:
         n = self.calls
         self.calls += 1
         if n < START:
-            return "program"
-        return "pytorch" if (n - START) % 2 else "program"
+            return "compiled"
+        return "eager" if (n - START) % 2 else "compiled"
 
     def measuring(self) -> bool:
         return self.decided is None and self.calls > START
 
-    def record(self, key, which: str, seconds: float) -> bool:
-        """Adds a timing; returns True when this one decided."""
-        program, pytorch = self._samples.setdefault(key, ([], []))
-        (pytorch if which == "pytorch" else program).append(seconds)
-        if len(program) < SAMPLES or len(pytorch) < SAMPLES:
+    def record(self, which: str, seconds: float) -> bool:
+        (self._eager if which == "eager" else self._compiled).append(seconds)
+        if len(self._compiled) < SAMPLES or len(self._eager) < SAMPLES:
             return False
-        self.program_s, self.pytorch_s = statistics.median(program), statistics.median(pytorch)
-        self.decided = "pytorch" if self.pytorch_s < MARGIN * self.program_s else "program"
-        self._samples.clear()
+        self.compiled_s, self.eager_s = statistics.median(self._compiled), statistics.median(self._eager)
+        self.decided = "eager" if self.eager_s < MARGIN * self.compiled_s else "compiled"
+        self._compiled = self._eager = None
+        if self.decided == "eager":
+            self.reason = (f"runs on PyTorch's eager engine: {1e3 * self.eager_s:.3f} ms per backward against "
+                           f"{1e3 * self.compiled_s:.3f} ms compiled")
+        else:
+            self.reason = (f"runs compiled: {1e3 * self.compiled_s:.3f} ms per backward against "
+                           f"{1e3 * self.eager_s:.3f} ms on the eager engine")
         return True
+
+    def to_eager(self, reason: str) -> None:
+        """Routes this structure to the eager engine for good (its compiled backward fell back)."""
+        self.decided, self.reason = "eager", reason
+        self._compiled = self._eager = None
+
+
+class Routes:
+    """The routes by structure key, and whether keys must be computed at all (`awake`)."""
+
+    def __init__(self):
+        self.routes: dict = {}
+        self.awake = False
+
+    def wake(self) -> None:
+        self.awake = True
+
+    def route(self, key) -> Route:
+        route = self.routes.get(key)
+        if route is None:
+            route = self.routes[key] = Route()
+        return route
+
+    def settle(self) -> None:
+        """Sleeps once nothing needs a key: every route decided for the compiled backward."""
+        self.awake = not all(r.decided == "compiled" for r in self.routes.values())
+
+    def clear(self) -> None:
+        self.routes.clear()
+        self.awake = False
+
+
+routes = Routes()

@@ -8,12 +8,16 @@
 - disk_cache_hits: programs loaded from the disk cache instead of compiled (disk_cache.py);
 - fallbacks: backward graphs run by PyTorch instead, because camlir could not handle them;
 - interpreted: graphs the cpu backend could not compile, run by camlir's reference
-  interpreter instead (correct, not fast; the log says why).
+  interpreter instead (correct, not fast; the log says why);
+- eager_runs: backward calls camlir sent to PyTorch's eager engine before any capture,
+  because their structure measured faster there or its compiled backward fell back
+  (`graph_choice.py`; `camlir.explain(kind="choice")` says which and why).
 """
 
 import collections
 
-KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits", "fallbacks", "interpreted")
+KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits", "fallbacks", "interpreted",
+        "eager_runs")
 
 
 class Counters(collections.Counter):

@@ -86,7 +86,7 @@ def test_twin_results_never_alias_inputs_or_each_other():
     torch.testing.assert_close(outs[1], view)
 
 
-def test_a_slow_program_is_replaced_by_pytorchs_graph(monkeypatch):
+def test_a_slow_program_runs_on_the_eager_engine(monkeypatch):
     monkeypatch.setattr(graph_choice, "START", 2)
     model, reference = _mlp(), _mlp()
     program = _steady_program(model, reference)
@@ -94,7 +94,49 @@ def test_a_slow_program_is_replaced_by_pytorchs_graph(monkeypatch):
     monkeypatch.setattr(type(program), "__call__", lambda self, *a, **k: (time.sleep(0.01), original(self, *a, **k))[1])
     _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 3)
     [event] = camlir.explain(kind="choice")
-    assert "runs PyTorch's captured graph" in event.reason and event.new < event.old
+    assert "runs on PyTorch's eager engine" in event.reason and event.new < event.old
+    eager_before = camlir.counters["eager_runs"]
+    hits_before = camlir.counters["cache_hits"]
+    _accumulating_steps(model, reference, 3)  # decided: every call goes to the eager engine
+    assert camlir.counters["eager_runs"] == eager_before + 3
+    assert camlir.counters["cache_hits"] == hits_before, "an eager run is not a cache hit"
+
+
+def test_a_fast_program_stays_and_the_routes_sleep(monkeypatch):
+    monkeypatch.setattr(graph_choice, "START", 2)
+    model, reference = _mlp(), _mlp()
+    program = _steady_program(model, reference)
+    from camlir.capture import engine
+
+    real = engine._eager
+
+    def slow_eager(call, route):
+        return real(lambda: (time.sleep(0.01), call())[1], route)
+
+    monkeypatch.setattr(engine, "_eager", slow_eager)
+    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 3)
+    [event] = camlir.explain(kind="choice")
+    assert event.reason.startswith("runs compiled") and event.old < event.new
+    assert not graph_choice.routes.awake, "nothing left to route: no key is computed any more"
+    assert program is camlir.compiled_programs()[-1][2]
+
+
+def test_a_structure_that_fell_back_then_runs_on_the_eager_engine():
+    # Sparse gradients are not compiled: the first backward falls back (compiled autograd's own
+    # graph runs it), every later one of that structure runs on the eager engine.
+    torch.manual_seed(0)
+    emb, ref = torch.nn.Embedding(10, 3, sparse=True), torch.nn.Embedding(10, 3, sparse=True)
+    ref.load_state_dict(emb.state_dict())
+    for step in range(4):
+        idx = torch.tensor([1, 2, 2, 7 + step % 2])
+        with camlir.enable():
+            (emb(idx) * step).sum().backward()
+        (ref(idx) * step).sum().backward()
+        torch.testing.assert_close(emb.weight.grad.to_dense(), ref.weight.grad.to_dense())
+    assert camlir.counters["fallbacks"] == 1
+    assert camlir.counters["eager_runs"] == 3
+    [event] = camlir.explain(kind="choice")
+    assert event.what == "fallback" and "fell back" in event.reason
 
 
 def test_fullgraph_always_runs_the_program(monkeypatch):
@@ -102,6 +144,20 @@ def test_fullgraph_always_runs_the_program(monkeypatch):
     model, reference = _mlp(), _mlp()
     _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 2, fullgraph=True)
     assert camlir.explain(kind="choice") == []
+    assert camlir.counters["eager_runs"] == 0
+
+
+def test_structure_key_names_the_graph_not_the_values():
+    lin = torch.nn.Linear(3, 2)
+    a, b = lin(torch.randn(4, 3)).sum(), lin(torch.randn(4, 3)).sum()
+    c = lin(torch.randn(4, 3)).relu().sum()
+    other = torch.nn.Linear(3, 2)
+    d = other(torch.randn(4, 3)).sum()
+    key = graph_choice.structure_key
+    assert key((a,)) == key((b,))
+    assert key((a,)) != key((c,)), "a different node"
+    assert key((a,)) != key((d,)), "another leaf accumulates"
+    assert key((a,)) != key((a,), (lin.weight,)), "inputs= changes what runs"
 
 
 def test_profile_attributes_the_backward():

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
-from camlir import events, logs, profiling
+from camlir import events, graph_choice, logs, profiling
 from camlir.errors import UnsupportedError
 from camlir.settings import active_settings, in_use, on_change
 from camlir.stats import counters
@@ -122,10 +122,11 @@ _CPP_REDUCER = "not compatible with C++ DDP Reducer"
 _warned_cpp_reducer = []
 
 
-def running() -> None:
-    """Called by the compiled backward when it starts running the graph (a program or the
+def running(graph) -> None:
+    """Called by the compiled backward `graph` when it starts running (a program or the
     captured graph): from then on an error is the backward's own, not a failed capture."""
     _local.ran = True
+    _local.graph = graph
 
 
 def _past_capture(exc: BaseException) -> bool:
@@ -177,7 +178,7 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
         return _original_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
 
-    return _run("backward()", call, create_graph)
+    return _run_to_end("backward()", call, create_graph, roots=_tensors(tensors), inputs=_tensors(inputs))
 
 
 def _camlir_grad_impl(*args, **kwargs):
@@ -186,8 +187,22 @@ def _camlir_grad_impl(*args, **kwargs):
     except TypeError:  # let PyTorch say what is wrong with the call
         return _original_grad(*args, **kwargs)
     options = bound.arguments
-    return _run("torch.autograd.grad()", lambda: _original_grad(*args, **kwargs),
-                options.get("create_graph", False), options.get("is_grads_batched", False))
+    return _run_to_end("torch.autograd.grad()", lambda: _original_grad(*args, **kwargs),
+                       options.get("create_graph", False), options.get("is_grads_batched", False),
+                       roots=_tensors(options.get("outputs")), inputs=_tensors(options.get("inputs")))
+
+
+def _tensors(value) -> tuple:
+    """A tensor-or-sequence argument as a tuple of tensors (what else it holds is dropped:
+    only `graph_choice.structure_key` reads it)."""
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    try:
+        return tuple(v for v in value if isinstance(v, torch.Tensor))
+    except TypeError:
+        return ()
 
 
 def _tracing() -> bool:
@@ -198,10 +213,12 @@ def _tracing() -> bool:
             or torch._C._get_dispatch_mode(key.FAKE) is not None)
 
 
-def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False):
+def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False,
+         roots: tuple = (), inputs: tuple = ()):
     """Runs `call` (the original backward or grad with the user's arguments) captured by
     camlir, or as plain PyTorch where camlir is off, inside a compiled backward, or where
-    the call is one camlir cannot capture (`_not_capturable`)."""
+    the call is one camlir cannot capture (`_not_capturable`), or where `graph_choice`
+    routes this backward's structure to the eager engine."""
     settings = active_settings()
     if getattr(_local, "inside", False) or _tracing():
         # A backward inside a hook of a compiled backward, or one that a tracer records
@@ -220,44 +237,118 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     _the_compiler()
     _local.inside = True
     _local.ran = False
-    _local.at_end = []
+    _local.graph = None
     profile = profiling.current()
     start = time.perf_counter() if profile is not None else 0.0
     try:
         with _one_at_a_time:
-            try:
-                with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
-                    torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
-                    try:
-                        result = call()
-                    finally:
-                        torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
-            except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
-                if getattr(_local, "ran", False) or _past_capture(exc):
-                    raise
-                if _CPP_REDUCER in str(exc):
-                    _ddp_cpp_reducer_fallback()
-                else:
-                    _capture_failed(exc, settings)
-                # The error came before any node ran (PyTorch's capture, or camlir before its
-                # program started), so the graph is intact: run the backward eagerly.
-                result = call()
-            _ended(failed=False)
+            route = None
+            routed = graph_choice.routes.awake and not settings.fullgraph
+            if routed:
+                route = graph_choice.routes.route(graph_choice.structure_key(roots, inputs))
+                which = route.decided or (route.pick() if _timed_choice() else "compiled")
+                if which == "eager":
+                    return _eager(call, route)
+            timed = route is not None and route.measuring()
+            clock = time.perf_counter() if timed else 0.0
+            result = _captured(call, settings)
+            if route is not None and _local.graph is not None:
+                route.graph = _local.graph.capture_id
+            if timed and _local.graph is not None and _local.graph.fallback_reason is None:
+                _decide(route, "compiled", time.perf_counter() - clock)
+            if not settings.fullgraph and _local.graph is not None and _local.graph.fallback_reason is not None:
+                if route is None:  # the table woke during this call: name the structure now
+                    route = graph_choice.routes.route(graph_choice.structure_key(roots, inputs))
+                _route_fallback(route, _local.graph)
             return result
-    except BaseException:
-        _ended(failed=True)
-        raise
     finally:
         _local.inside = False
         if profile is not None:
             profile.add_backward(time.perf_counter() - start)
 
 
+def _captured(call: Callable, settings):
+    """`call` under compiled autograd with camlir's compiler; an error raised before any of
+    the backward ran (PyTorch's capture, or camlir before its program started) leaves the
+    graph intact, so the backward then runs eagerly."""
+    try:
+        with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
+            torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
+            try:
+                return call()
+            finally:
+                torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
+        if getattr(_local, "ran", False) or _past_capture(exc):
+            raise
+        if _CPP_REDUCER in str(exc):
+            _ddp_cpp_reducer_fallback()
+        else:
+            _capture_failed(exc, settings)
+    return call()
+
+
+def _timed_choice() -> bool:
+    """Whether routes may be decided by timing here: on unless `CAMLIR_GRAPH_CHOICE=0`, and
+    never in a torch.distributed group, where ranks deciding differently would issue
+    different collectives."""
+    if not graph_choice.enabled():
+        return False
+    distributed = getattr(torch, "distributed", None)
+    return not (distributed is not None and distributed.is_available() and distributed.is_initialized())
+
+
+def _eager(call: Callable, route):
+    """One backward on the eager engine, for a route that chose it or is timing it."""
+    timed = route.measuring()
+    clock = time.perf_counter() if timed else 0.0
+    result = call()
+    counters["eager_runs"] += 1
+    if timed:
+        _decide(route, "eager", time.perf_counter() - clock)
+    return result
+
+
+def _decide(route, which: str, seconds: float) -> None:
+    if not route.record(which, seconds):
+        return
+    graph = route.graph
+    events.record(events.Event(graph, "choice", route.reason, "speed", 1e3 * route.compiled_s, 1e3 * route.eager_s))
+    if route.decided == "eager":
+        logs.log.info("camlir: graph %d %s", graph, route.reason)
+    graph_choice.routes.settle()
+
+
+def _route_fallback(route, graph) -> None:
+    """A compiled backward that fell back runs compiled autograd's own graph; from the next
+    call on, its structure runs on the eager engine, so it gets exactly eager's answer."""
+    route.graph = graph.capture_id
+    if route.decided == "eager":
+        return
+    route.to_eager(f"graph {graph.capture_id} fell back ({graph.fallback_reason}); later backwards of "
+                   f"this structure run on the eager engine")
+    events.record(events.Event(graph.capture_id, "choice", route.reason, "fallback"))
+
+
+def _run_to_end(*args, **kwargs):
+    """`_run`, then the `at_end` callbacks of the outermost backward on this thread."""
+    if getattr(_local, "inside", False):  # a backward inside a hook: the outer one ends later
+        return _run(*args, **kwargs)
+    _local.at_end = []
+    try:
+        result = _run(*args, **kwargs)
+    except BaseException:
+        _ended(failed=True)
+        raise
+    _ended(failed=False)
+    return result
+
+
 def at_end(fn: Callable[[bool], None]) -> None:
-    """Runs `fn(failed)` when the camlir backward running on this thread ends: `fn(False)`
-    just before `backward()` returns, `fn(True)` when the backward raises. For hooks that
-    must finish something before the backward returns (camlir/ddp.py waits for its
-    all-reduces here): PyTorch drops the final callbacks a hook queues with
+    """Runs `fn(failed)` when the backward running on this thread ends: `fn(False)` just
+    before `backward()` returns, `fn(True)` when it raises. For hooks that must finish
+    something before the backward returns (camlir/ddp.py waits for its all-reduces here):
+    PyTorch drops the final callbacks a hook queues with
     `Variable._execution_engine.queue_callback` in a compiled backward (torch 2.13)."""
     _local.at_end.append(fn)
 
@@ -315,8 +406,10 @@ _camlir_grad = torch._dynamo.disable(_camlir_grad_impl, recursive=True)
 
 
 def reset() -> None:
-    """Forgets every captured graph (PyTorch's compiled-autograd cache included)."""
+    """Forgets every captured graph (PyTorch's compiled-autograd cache included) and every
+    route (`graph_choice`)."""
     ca_mod.reset()
+    graph_choice.routes.clear()
     take_reasons()
     _reported.clear()
 
