@@ -15,12 +15,14 @@ from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .narrow_float_conversions import NarrowFloatConversions
 from .outline_kernels import OutlineKernels
 from .register_reductions import RegisterReductions
+from .sink_views import SinkViews
 from .specialize_layouts import SpecializeLayouts
 from .specialize_shapes import SpecializeShapes
 from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
-PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, LowerToLinalg,
+PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, SinkViews,
+          LowerToLinalg,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, RegisterReductions, NarrowFloatConversions,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)

@@ -13,7 +13,8 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
     trace-hooks  safe Python hooks traced into @hook_<id> bodies    capture/hook_trace.py
     layouts      strided inputs passed as contiguous permutations  ca-specialize-layouts
     kernels      hook bodies inlined, compute outlined into kernels ca-inline-hooks, ca-flatten-nodes,
-                                                                    ca-outline-kernels
+                 (cut at Python hooks and host ops); views that     ca-outline-kernels, ca-sink-views
+                 cross a cut recomputed by the kernels reading them
     linalg       kernels to linalg on tensors, fused; each kernel's  ca-lower-to-linalg{twins=true},
                  torch original kept as its twin (the runtime runs  ca-fuse-elementwise,
                  whichever measures faster: backends/cpu/choice.py) ca-unique-kernel-results
@@ -229,8 +230,11 @@ def layouts(module: ir.Module, args: list, dump: Dump, dynamic: bool = False) ->
 
 def kernels(module: ir.Module, dump: Dump) -> None:
     """kernels: traced hook bodies inlined, the nodes flattened, every run of compute between
-    barriers (Python hooks, host ops) outlined into a `ca.kernel` function."""
-    run_stage("kernels", module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-outline-kernels"], dump)
+    barriers (Python hooks, host ops) outlined into a `ca.kernel` function; a view that one
+    kernel returns only for later kernels (a transposed weight, the `t` of a weight gradient
+    that TBackward undoes) crosses the cut as its base and is recomputed where it is read,
+    so kernels split by a hook read what one kernel would have (ca-sink-views)."""
+    run_stage("kernels", module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-outline-kernels", "ca-sink-views"], dump)
 
 
 def linalg(module: ir.Module, dump: Dump) -> None:
