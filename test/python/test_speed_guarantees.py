@@ -191,3 +191,24 @@ def test_ca_logs_perf_prints_the_table_at_exit(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "camlir profile: 3 backward calls" in done.stderr, done.stderr[-2000:]
     assert "kernel @backward_kernel_0" in done.stderr
+
+
+def test_a_structure_whose_capture_failed_skips_compiled_autograd_after(monkeypatch):
+    # A capture that fails (PyTorch's StopIteration of fuzz seeds 762/1449 is one) runs that
+    # backward eagerly; later backwards of the structure go straight to the eager engine
+    # instead of paying for a capture that fails the same way.
+    from camlir.capture import engine
+
+    attempts = []
+
+    def failing_compiler(gm, reasons):
+        attempts.append(gm)
+        raise RuntimeError("capture broke")
+
+    monkeypatch.setattr(engine, "_compiler", [failing_compiler])
+    model, reference = _mlp(), _mlp()
+    _accumulating_steps(model, reference, 3)
+    assert len(attempts) == 1
+    assert camlir.counters["fallbacks"] == 1 and camlir.counters["eager_runs"] == 2
+    [event] = camlir.explain(kind="choice")
+    assert event.what == "fallback" and "could not capture" in event.reason

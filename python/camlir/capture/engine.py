@@ -251,7 +251,19 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     return _eager(call, route)
             timed = route is not None and route.measuring()
             clock = time.perf_counter() if timed else 0.0
+            _local.capture_failed = None
             result = _captured(call, settings)
+            if _local.capture_failed is not None and not settings.fullgraph:
+                # Its next capture would fail the same way (PyTorch's cache entry for it stays
+                # broken), after paying for the capture: send the structure to the eager engine.
+                if route is None:
+                    route = graph_choice.routes.route(graph_choice.structure_key(roots, inputs))
+                    graph_choice.routes.wake()
+                if route.decided != "eager":
+                    route.to_eager(f"{_local.capture_failed}; later backwards of this structure run on "
+                                   f"the eager engine")
+                    events.record(events.Event(0, "choice", route.reason, "fallback"))
+                return result
             if route is not None and _local.graph is not None:
                 route.graph = _local.graph.capture_id
             if timed and _local.graph is not None and _local.graph.fallback_reason is None:
@@ -285,6 +297,7 @@ def _captured(call: Callable, settings):
             _ddp_cpp_reducer_fallback()
         else:
             _capture_failed(exc, settings)
+        _local.capture_failed = f"compiled autograd could not capture it ({type(exc).__name__})"
     return call()
 
 
