@@ -11,9 +11,8 @@ backward that small no compiled program can win; on the bench CNN camlir's loops
 oneDNN's batch-norm backward. So:
 
 - `structure_key(roots, inputs)` names a backward before it runs: the autograd nodes
-  reachable from the roots (their types and edges, and which leaf each accumulation
-  writes). It is only a routing key: two backwards that share one run the same way, and
-  either way is exact.
+  reachable from the roots (their types and edges). It is only a routing key: two
+  backwards that share one run the same way, and either way is exact.
 - `Routes` keeps a `Route` per key. After `START` calls (the kernel-level choices of
   `backends/cpu/choice.py` settle first), calls alternate between the compiled backward and
   the eager engine until each has `SAMPLES` timings; the eager engine is kept when its
@@ -40,6 +39,7 @@ START = 16
 # backward against 9.8 ms for the program.
 SAMPLES = 9
 MARGIN = 0.85
+MAX_ROUTES = 512
 
 
 def enabled() -> bool:
@@ -50,15 +50,17 @@ def enabled() -> bool:
 
 def structure_key(roots, inputs=()) -> tuple:
     """A name for the backward from `roots` (tensors), before it runs: per reachable node, in
-    a fixed depth-first order, its type, the leaf it accumulates into (AccumulateGrad) and
-    the numbers of its successors; plus the `inputs=` tensors. Cost: ~1 us per node."""
+    a fixed depth-first order, its type and the numbers of its successors; plus how many
+    `inputs=` tensors there are. No tensor identity: a loop that makes new leaves every step
+    (an input that requires grad) must map to one route, not one per step. Cost: ~1 us per
+    node."""
     numbers: dict = {}
     items = []
     stack = []
     for t in roots:
         node = t.grad_fn
         if node is None:
-            items.append(("leaf", id(t)))
+            items.append(("leaf",))
             continue
         if id(node) not in numbers:
             numbers[id(node)] = len(numbers)
@@ -75,9 +77,8 @@ def structure_key(roots, inputs=()) -> tuple:
                 number = numbers[id(child)] = len(numbers)
                 stack.append(child)
             children.append(number)
-        name = type(node).__name__
-        items.append((name, id(node.variable) if name == "AccumulateGrad" else 0, tuple(children)))
-    return tuple(items) + tuple(id(t) for t in inputs)
+        items.append((type(node).__name__, tuple(children)))
+    return tuple(items) + (len(inputs),)
 
 
 class Route:
@@ -142,6 +143,10 @@ class Routes:
     def route(self, key) -> Route:
         route = self.routes.get(key)
         if route is None:
+            if len(self.routes) >= MAX_ROUTES:
+                # Structures that change every few steps never finish measuring: forget the
+                # undecided ones rather than grow without bound.
+                self.routes = {k: r for k, r in self.routes.items() if r.decided is not None}
             route = self.routes[key] = Route()
         return route
 

@@ -156,8 +156,20 @@ def test_structure_key_names_the_graph_not_the_values():
     key = graph_choice.structure_key
     assert key((a,)) == key((b,))
     assert key((a,)) != key((c,)), "a different node"
-    assert key((a,)) != key((d,)), "another leaf accumulates"
+    assert key((a,)) == key((d,)), "a twin model shares the route: no tensor identity in the key"
     assert key((a,)) != key((a,), (lin.weight,)), "inputs= changes what runs"
+
+
+def test_new_leaves_every_step_share_one_route_and_the_table_is_bounded(monkeypatch):
+    lin = torch.nn.Linear(3, 2)
+    keys = {graph_choice.structure_key((lin(torch.randn(4, 3, requires_grad=True)).sum(),)) for _ in range(5)}
+    assert len(keys) == 1
+    monkeypatch.setattr(graph_choice, "MAX_ROUTES", 4)
+    routes = graph_choice.Routes()
+    routes.route("decided").to_eager("test")
+    for i in range(10):
+        routes.route(i)
+    assert len(routes.routes) <= 4 and "decided" in routes.routes
 
 
 def test_profile_attributes_the_backward():
