@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     print("\nbackward time, median of 30 (ms):")
     for name, ms in _timings(model, x[:64], y[:64], args.backend).items():
         print(f"  {name:8s} {ms:.3f}")
+    for event in camlir.explain(kind="choice"):  # measured on these calls: see docs/speed.md
+        print(f"  camlir's choice for graph #{event.graph}: {event.reason}")
     print("\ncounters: " + ", ".join(f"{k}={v}" for k, v in camlir.counters.items()))
     print("(set CA_LOGS=graph to print the captured ca module, CA_LOGS=recompiles for capture reasons)")
     return 0
