@@ -402,11 +402,14 @@ def _worker(backend: str, samples: int) -> int:
 
 
 class _Worker:
-    def __init__(self, backend, samples):
+    """A worker process: `script --worker --backend B --samples N` (this file by default;
+    another harness with the same worker protocol may pass its own `script`)."""
+
+    def __init__(self, backend, samples, script=None):
         self.log = tempfile.NamedTemporaryFile("w+b", prefix="opinfo-worker-", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--backend", backend,
-                                      "--samples", str(samples)],
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(script or __file__), "--worker",
+                                      "--backend", backend, "--samples", str(samples)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
                                      cwd=REPO, start_new_session=True)
         self.buffer = b""
@@ -465,15 +468,17 @@ class _Worker:
         os.unlink(self.log.name)
 
 
-def run_all(keys, backend="cpu", samples=2, timeout=120, restart_every=40, progress=None, timeouts=None) -> list:
-    """Runs `keys` in worker processes; returns one result per key, in order. A worker that
-    dies or a sample that runs past `timeout` seconds (`timeouts`: per-key overrides) is
-    recorded as a CRASH of the op it was running, and the worker is replaced."""
+def run_all(keys, backend="cpu", samples=2, timeout=120, restart_every=40, progress=None, timeouts=None,
+            script=None) -> list:
+    """Runs `keys` in worker processes (of `script`, by default this file); returns one result
+    per key, in order. A worker that dies or a sample that runs past `timeout` seconds
+    (`timeouts`: per-key overrides) is recorded as a CRASH of the op it was running, and the
+    worker is replaced."""
     results, worker = [], None
     try:
         for n, key in enumerate(keys):
             if worker is None:
-                worker = _Worker(backend, samples)
+                worker = _Worker(backend, samples, script)
             t0 = time.perf_counter()
             limit = (timeouts or {}).get(key, timeout)
             result = worker.ask(key, limit)
