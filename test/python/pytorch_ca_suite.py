@@ -233,7 +233,11 @@ def _failing_test_line(outcome, path):
     """The last traceback line inside PyTorch's test file: the statement that failed."""
     for filename, lineno, _name, line in reversed(outcome.get("frames", [])):
         if os.path.abspath(filename) == os.path.abspath(path):
-            return lineno, line or ""
+            line = line or ""
+            if line.rstrip().endswith("("):  # a call spread over lines: read its arguments
+                with open(path) as f:
+                    line += " ".join(s.strip() for s in f.read().splitlines()[lineno:lineno + 3])
+            return lineno, line
     return None, ""
 
 
