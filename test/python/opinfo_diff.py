@@ -408,6 +408,9 @@ class _Worker:
     def __init__(self, backend, samples, script=None):
         self.log = tempfile.NamedTemporaryFile("w+b", prefix="opinfo-worker-", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        # Every program is compiled in the run: one loaded from the disk cache has no
+        # `lowered_text`, so its host ops could not be seen (it would count as native).
+        env.setdefault("CAMLIR_DISK_CACHE", "0")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(script or __file__), "--worker",
                                       "--backend", backend, "--samples", str(samples)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
