@@ -15,7 +15,8 @@ from camlir.backends.cpu import choice
 
 
 @pytest.fixture(autouse=True)
-def _fresh():
+def _fresh(monkeypatch):
+    monkeypatch.setenv("CAMLIR_GRAPH_CHOICE", "1")  # conftest switches it off for the other tests
     camlir.reset()
     yield
     camlir.reset()
