@@ -265,3 +265,29 @@ def test_ops_without_lowering_run_on_the_host_between_kernels():
     _compiled_natively()
     assert any("aten.avg_pool2d_backward cannot be lowered" in m for m in messages)
     assert any("aten.cumsum cannot be lowered" in m for m in messages)
+
+
+def test_a_kernel_refuses_an_argument_of_another_shape_or_dtype():
+    # A kernel reads its arguments with the sizes it was compiled for: anything else is a
+    # camlir bug, and must be an error naming it, never a wrong read.
+    import camlir
+
+    camlir.reset()
+    lin = torch.nn.Linear(4, 3)
+    with camlir.enable(backend="cpu"):
+        lin(torch.randn(5, 4)).tanh().sum().backward()
+    program = camlir.compiled_programs()[-1][2]
+    name, kernel = next(iter(program.kernels.items()))
+    native = getattr(kernel, "native", kernel)
+    good = [torch.zeros(s.shape, dtype=s.dtype) for s in native.inputs]
+    native(good)  # the compiled shapes run
+    i = next(i for i, t in enumerate(good) if t.dim() > 0)
+    bad_shape = list(good)
+    bad_shape[i] = torch.zeros(tuple(d + 1 for d in good[i].shape), dtype=good[i].dtype)
+    with pytest.raises(RuntimeError, match=f"kernel {name} argument {i} is"):
+        native(bad_shape)
+    bad_dtype = list(good)
+    bad_dtype[i] = good[i].double()
+    with pytest.raises(RuntimeError, match="compiled for"):
+        native(bad_dtype)
+    camlir.reset()

@@ -125,11 +125,21 @@ class Kernel:
             self._packed[i] = ctypes.cast(ptr_ptr, ctypes.c_void_p)
             self._descs.append(desc)
         self._out_specs = [(s.shape, s.dtype) for s in outputs]
+        self._in_specs = [(tuple(s.shape), s.dtype) for s in inputs]
 
     def __call__(self, args: list) -> list:
         descs = self._descs
         keep = None
-        for desc, t in zip(descs, args):
+        for i, (desc, t) in enumerate(zip(descs, args)):
+            shape, dtype = self._in_specs[i]
+            if t.shape != shape or t.dtype != dtype:
+                # The kernel would read it with the compiled sizes: wrong values or a crash.
+                # (A host op whose result disagreed with its traced shape once gave silently
+                # wrong gradients this way.) ~0.1 us per argument.
+                raise RuntimeError(
+                    f"camlir: kernel {self.name} argument {i} is {tuple(t.shape)} {t.dtype}, but it was "
+                    f"compiled for {shape} {dtype}; this is a camlir bug, please report it "
+                    f"(camlir.save_repro writes a replayable case)")
             if not t.is_contiguous():
                 # A layout the variant did not expect (a hook's result, a later call):
                 # copy rather than read it with the wrong strides.
