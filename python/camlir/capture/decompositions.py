@@ -105,6 +105,38 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
     return embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
+class _Reentry:
+    active = False
+
+
+def _index_put(op):
+    """`index_put` / `_unsafe_index_put` with negative integer indices wrapped
+    (`where(i < 0, i + size, i)`): torch-mlir's lowering (a `tm_tensor.scatter`) uses them
+    as they are and writes before the tensor. IndexBackward0 of `x[..., [-2], :]` (Falcon's
+    multi-query attention) gave wrong gradients on the cpu backend or corrupted the heap
+    (found by test/python/model_sweep.py). Boolean masks are left alone. The wrapped op is
+    traced whole (the re-entry guard keeps this from decomposing it again)."""
+
+    def decomposition(self, indices, values, accumulate=False):
+        if _Reentry.active or all(i is None or i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return NotImplemented
+        wrapped, dim = [], 0
+        for i in indices:
+            if i is None or i.dtype in (torch.bool, torch.uint8):
+                wrapped.append(i)
+                dim += 1 if i is None else i.dim()
+                continue
+            wrapped.append(torch.where(i < 0, i + self.shape[dim], i))
+            dim += 1
+        _Reentry.active = True
+        try:
+            return op(self, wrapped, values, accumulate)
+        finally:
+            _Reentry.active = False
+
+    return decomposition
+
+
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -206,6 +238,8 @@ def decomposition_table() -> dict:
     table[aten.sum.default] = _sum
     table[aten.mean.dim] = _mean_dim
     table[aten.mean.default] = _mean
+    table[aten.index_put.default] = _index_put(aten.index_put.default)
+    table[aten._unsafe_index_put.default] = _index_put(aten._unsafe_index_put.default)
     for op in _FLOAT32_OPS:
         inner = table.get(op)
         table[op] = _first_of(_in_float32(op), inner) if inner else _in_float32(op)
