@@ -71,6 +71,20 @@ _DECOMPOSED = [
     # x * slope instead of grad * slope; PyTorch's decomposition is leaky_relu_backward
     # (decomposed above) in eval mode and grad * noise in training.
     aten.rrelu_with_noise_backward,
+    # NaN: torch-mlir lowers these with compares that drop NaN where eager propagates it
+    # (eager's kernels compare so that a NaN input passes through). ReluBackward0
+    # (`threshold_backward`, `cmpf ule`) gave 0 where eager's gradient is NaN; clamp, clamp_min,
+    # clamp_max, hardtanh (relu6), threshold and softplus_backward gave a bound, a value or
+    # the gradient instead of NaN. PyTorch's decompositions are `where`s on `<=`/`>`/`isnan`,
+    # which torch-mlir lowers with eager's NaN behaviour (found by the ModuleInfo run:
+    # LPPool1d, whose forward makes NaN from negative inputs, and measured per op).
+    aten.threshold_backward,
+    aten.threshold,
+    aten.softplus_backward,
+    aten.clamp,
+    aten.clamp_min,
+    aten.clamp_max,
+    aten.hardtanh,
 ]
 
 
@@ -91,6 +105,44 @@ def _shrink_backward(grad, x, lambd):
     decomposition): eager's cpu kernel gives 0 where -lambd <= x <= lambd (both ends
     included), else grad; NaN passes grad, as there."""
     return torch.where((x >= -lambd) & (x <= lambd), torch.zeros_like(grad), grad)
+
+
+def _maximum(a, b):
+    """`maximum` with eager's NaN: NaN if either is NaN (torch-mlir's `cmpf ogt` + select
+    gave the other operand). `(a > b) | isnan(a)` picks `a`, else `b` (NaN when `b` is)."""
+    if not (a.is_floating_point() and isinstance(b, torch.Tensor) and b.dtype == a.dtype):
+        return NotImplemented
+    return torch.where((a > b) | (a != a), a, b)
+
+
+def _minimum(a, b):
+    """`minimum` with eager's NaN (see `_maximum`)."""
+    if not (a.is_floating_point() and isinstance(b, torch.Tensor) and b.dtype == a.dtype):
+        return NotImplemented
+    return torch.where((a < b) | (a != a), a, b)
+
+
+def _smooth_l1_loss_backward(grad, x, target, reduction, beta):
+    """SmoothL1LossBackward0 as eager's cpu kernel branches: -g for d <= -beta, g for
+    d >= beta, else g * d / beta (d = x - target, g = grad * norm). PyTorch's decomposition
+    takes `sign(d)` outside |d| < beta, which is 0 for a NaN d where eager's gradient is NaN.
+    bf16/f16 in float32, rounded once, as eager."""
+    low = _low_precision((grad, x, target))
+    grad, x, target = _f32(grad), _f32(x), _f32(target)
+    norm = 1.0 / x.numel() if reduction == 1 else 1.0  # Reduction.MEAN
+    d = x - target
+    g = grad * norm
+    out = torch.where(d <= -beta, -g, torch.where(d >= beta, g, g * d / beta))
+    return out.to(low) if low is not None else out
+
+
+def _reciprocal(x):
+    """`reciprocal` as a division: torch-mlir's lowering guards it with a `cf.assert` that no
+    element is 0 (nor NaN: the compare is ordered), and that assert aborts the process where
+    eager gives inf (or NaN)."""
+    if not x.is_floating_point():
+        return NotImplemented
+    return torch.div(torch.ones((), dtype=x.dtype), x)
 
 
 def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
@@ -232,6 +284,10 @@ def decomposition_table() -> dict:
     table = get_decompositions(_DECOMPOSED)
     table[aten.gelu_backward.default] = _gelu_backward
     table[aten.embedding_dense_backward.default] = _embedding_dense_backward
+    table[aten.maximum.default] = _maximum
+    table[aten.minimum.default] = _minimum
+    table[aten.reciprocal.default] = _reciprocal
+    table[aten.smooth_l1_loss_backward.default] = _smooth_l1_loss_backward
     table[aten.softshrink_backward.default] = _shrink_backward
     table[aten.hardshrink_backward.default] = _shrink_backward
     table[aten.sum.dim_IntList] = _sum_dim
