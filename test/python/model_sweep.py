@@ -27,7 +27,10 @@ is recorded instead of ending the sweep. Results:
 Also recorded: camlir's counters after the run (native = every backward compiled, no
 fallback, nothing interpreted), the first backward's seconds (capture + compile; the
 compiled-program cache is a fresh temporary directory unless --keep-cache), and the steady
-backward time relative to eager (mean of steps 2 and 3).
+backward time relative to eager: after the eval steps, 12 more backwards on each side (one
+input, alternating), the fastest camlir backward over the fastest eager one, the first call
+of each left out (the fastest, because the machine is shared; camlir's per-kernel choice
+alternates native code and torch ops over these calls and keeps the faster).
 
 The functions `build`, `run_model` and `MODELS` are used by test_model_sweep.py.
 """
@@ -45,6 +48,7 @@ RTOL, ATOL = 1e-4, 1e-5
 VOCAB = 99
 BATCH, SEQ = 2, 12
 STEPS = 3
+TIMING_CALLS = 12  # camlir backwards per structure stay under graph_choice's 16
 
 
 # ----------------------------------------------------------------------------- configs
@@ -271,7 +275,7 @@ def _compare(eager_model, camlir_model):
     return worst, bad
 
 
-def run_model(name, backend="cpu", steps=STEPS, train_step=True):
+def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TIMING_CALLS):
     """Runs the comparison for `name` in this process; returns a dict (see the module doc).
     Exceptions from camlir's side are reported as result CRASH, not raised."""
     import torch
@@ -333,18 +337,45 @@ def run_model(name, backend="cpu", steps=STEPS, train_step=True):
                     q.copy_(p)
         return True
 
+    def timing(calls):
+        """Backward seconds of eager and camlir on one more input, `calls` times each: the
+        fastest of the last few, after camlir's per-kernel speed choice has settled
+        (docs/speed.md). Fewer calls than graph_choice needs to start comparing with eager."""
+        for m in (model, twin):
+            m.eval()
+        kwargs = inputs(steps + 1)
+        times = {"eager": [], "camlir": []}
+        for _ in range(calls):
+            for side, m in (("eager", model), ("camlir", twin)):
+                for p in m.parameters():
+                    p.grad = None
+                loss = m(**kwargs).loss
+                t0 = time.perf_counter()
+                if side == "camlir":
+                    with camlir.enable(backend=backend):
+                        loss.backward()
+                else:
+                    loss.backward()
+                times[side].append(time.perf_counter() - t0)
+        # The fastest after the first (the machine is shared, so the median is noise; the
+        # fastest of camlir's alternating native/torch-ops timings is what its choice keeps).
+        return min(times["camlir"][1:]) / min(times["eager"][1:])
+
     for step in range(steps):
         if not one_step(step, train=False):
             break
     else:
-        if train_step:
+        if timing_calls > 1:
+            try:
+                record["steady_ratio"] = round(timing(timing_calls), 2)
+            except Exception as err:
+                record.update(result="CRASH", error=f"timing: {type(err).__name__}: {err}")
+        if train_step and record["result"] is None:
             one_step(steps, train=True)
 
     record["counters"] = {k: int(v) for k, v in camlir.counters.items()}
     if camlir_times:
         record["first_backward_s"] = round(camlir_times[0], 3)
-    if len(camlir_times) >= 3 and len(eager_times) >= 3:
-        record["steady_ratio"] = round(sum(camlir_times[1:3]) / sum(eager_times[1:3]), 2)
     c = record["counters"]
     if c.get("fallbacks") or c.get("interpreted"):
         try:
