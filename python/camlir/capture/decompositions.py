@@ -299,12 +299,24 @@ def decomposition_table() -> dict:
     for op in _FLOAT32_OPS:
         inner = table.get(op)
         table[op] = _first_of(_in_float32(op), inner) if inner else _in_float32(op)
-    table[aten._softmax_backward_data.default] = _in_float32(aten._softmax_backward_data.default, dtype_arg=3)
-    table[aten._log_softmax_backward_data.default] = _in_float32(aten._log_softmax_backward_data.default,
-                                                                 dtype_arg=3)
+    for op in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+        table[op] = _first_of(_softmax_backward_0d(op), _in_float32(op, dtype_arg=3))
     table[aten._softmax.default] = _softmax_like(aten._softmax.default)
     table[aten._log_softmax.default] = _softmax_like(aten._log_softmax.default)
     return table
+
+
+def _softmax_backward_0d(op):
+    """`_softmax_backward_data` / `_log_softmax_backward_data` of a 0-d tensor: torch-mlir's
+    lowering never returns (a HANG, found by the ModuleInfo run: `nn.Softmax(0)` on a scalar).
+    The same op on the one-element vector, reshaped back."""
+
+    def decomposition(grad, output, dim, input_dtype):
+        if grad.dim() != 0:
+            return NotImplemented
+        return op(grad.reshape(1), output.reshape(1), 0, input_dtype).reshape(())
+
+    return decomposition
 
 
 def _first_of(*decompositions):
