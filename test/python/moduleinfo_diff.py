@@ -212,10 +212,25 @@ def module_grads(info, minput, mode: str, weights=None, backend=None):
 
 
 def function_grads(op, sample, weights=None, backend=None):
-    """The same for an OpInfo sample of autograd_function_db (opinfo_diff's handling)."""
-    grads, weights = opinfo_diff._grads(op, sample, weights, backend)
-    if grads is None:
+    """The same for an OpInfo sample of autograd_function_db (opinfo_diff's fresh leaves,
+    outputs and weights). The autograd.Function is called directly: this database's
+    `gradcheck_wrapper`s are output selectors (`lambda y, ind: y`), not input wrappers."""
+    import torch
+    import camlir
+    inp, args, kwargs, leaves = opinfo_diff._fresh(sample)
+    torch.manual_seed(SEED)
+    outs = opinfo_diff._differentiable(sample.output_process_fn_grad(op.op(inp, *args, **kwargs)))
+    if not outs:
         return (None, None), None
+    if weights is None:
+        weights = opinfo_diff._weights(outs)
+    loss = sum((o * w).sum() for o, w in zip(outs, weights))
+    if backend is None:
+        loss.backward()
+    else:
+        with camlir.enable(backend=backend):
+            loss.backward()
+    grads = [None if t.grad is None else t.grad.detach().clone() for t in leaves]
     return ([f"input {i}" for i in range(len(grads))], grads), weights
 
 
