@@ -287,6 +287,7 @@ def decomposition_table() -> dict:
     table[aten.maximum.default] = _maximum
     table[aten.minimum.default] = _minimum
     table[aten.reciprocal.default] = _reciprocal
+    table[aten.constant_pad_nd.default] = _constant_pad_nd
     table[aten.smooth_l1_loss_backward.default] = _smooth_l1_loss_backward
     table[aten.softshrink_backward.default] = _shrink_backward
     table[aten.hardshrink_backward.default] = _shrink_backward
@@ -317,6 +318,24 @@ def _softmax_backward_0d(op):
         return op(grad.reshape(1), output.reshape(1), 0, input_dtype).reshape(())
 
     return decomposition
+
+
+def _constant_pad_nd(x, pad, value=0):
+    """`constant_pad_nd` with negative pads (the backward of a padding: ZeroPad/ConstantPad,
+    LocalResponseNorm) as slices first, then the non-negative pads: torch-mlir's lowering
+    of a negative pad failed to bufferize ("expected offsets to be non-negative") and the
+    graph ran on the reference interpreter."""
+    if all(p >= 0 for p in pad):
+        return NotImplemented
+    for i in range(len(pad) // 2):
+        dim = x.dim() - 1 - i
+        left, right = pad[2 * i], pad[2 * i + 1]
+        start = -left if left < 0 else 0
+        end = x.shape[dim] + right if right < 0 else x.shape[dim]
+        if start or end != x.shape[dim]:
+            x = aten.slice.Tensor(x, dim, start, max(start, end))
+    rest = [max(p, 0) for p in pad]
+    return aten.constant_pad_nd.default(x, rest, value) if any(rest) else aten.clone.default(x)
 
 
 def _first_of(*decompositions):
