@@ -1,7 +1,7 @@
 """Differential sweep over Hugging Face `transformers` architectures (a long run, not CI).
 
     nice -n 10 .venv/bin/python test/python/model_sweep.py [--models A,B] [--backend cpu|eager]
-        [--timeout 300] [--json out.json] [--keep-cache]
+        [--timeout 300] [--json out.json] [--keep-cache] [--threads 1]
 
 Each architecture is built from a tiny random config (2 layers, width 32, vocabulary 99,
 nothing downloaded), seeded, and copied. One copy runs its backward with PyTorch's engine,
@@ -397,7 +397,12 @@ def native(record):
 
 
 def _child(args):
+    import torch
     import transformers
+
+    # One intra-op thread for both sides: on a shared machine OpenMP's spinning threads made
+    # single calls (eager's or camlir's) ~300x slower whenever another process ran.
+    torch.set_num_threads(args.threads)
 
     if args.one not in MODELS:
         raise SystemExit(f"unknown model {args.one}")
@@ -408,7 +413,7 @@ def _child(args):
         json.dump(record, f)
 
 
-def sweep(names, backend="cpu", timeout=300, keep_cache=False, log=print):
+def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=print):
     results = []
     cache = None if keep_cache else tempfile.mkdtemp(prefix="camlir-sweep-cache-")
     for name in names:
@@ -418,7 +423,7 @@ def sweep(names, backend="cpu", timeout=300, keep_cache=False, log=print):
         if cache:
             env["CAMLIR_CACHE_DIR"] = cache
         cmd = ["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "--one", name,
-               "--backend", backend, "--out", out]
+               "--backend", backend, "--out", out, "--threads", str(threads)]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -465,6 +470,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write every record here")
     ap.add_argument("--keep-cache", action="store_true",
                     help="use the usual compiled-program cache (default: a fresh one)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -475,7 +481,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown models: {unknown}")
     print(HEADER, flush=True)
-    results = sweep(names, args.backend, args.timeout, args.keep_cache,
+    results = sweep(names, args.backend, args.timeout, args.keep_cache, args.threads,
                     log=lambda line: print(line, flush=True))
     counts = {}
     for r in results:
