@@ -164,6 +164,12 @@ def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -
             continue  # a list of tensors is compute: it goes where its tensors are
         if (op.name in _BARRIERS or HOST_ATTR in op.attributes or torch_op_name(op) in extern
                 or hangs_or_crashes_the_lowering(op)):
+            if op.name not in _BARRIERS and HOST_ATTR not in op.attributes:
+                # Marked, so that it stays on the host when ca-lower-to-linalg outlines again
+                # around an op it could not lower (it does not know the extern set). Unmarked,
+                # a convolution_backward went into the new kernel, and torch-mlir's lowering
+                # of it gave wrong weight gradients (Swin's patch embedding; model sweep).
+                op.attributes[HOST_ATTR] = ir.UnitAttr.get()
             kernels += _outline(module, host, segment, number + len(kernels))
             segment = []
             continue

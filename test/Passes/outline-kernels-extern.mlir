@@ -1,8 +1,9 @@
 // RUN: ca-opt %s --pass-pipeline='builtin.module(ca-outline-kernels{extern-ops=aten.cumsum})' | FileCheck %s --check-prefix=EXTERN
-// An op named in `extern-ops` is kept on the host like the built-in extern ops.
+// An op named in `extern-ops` is kept on the host like the built-in extern ops, and marked
+// `ca.host`, so that ca-lower-to-linalg's outlining after a move to the host keeps it there.
 // EXTERN-LABEL: func.func @backward
 // EXTERN: call @backward_kernel_0
-// EXTERN-NEXT: torch.aten.cumsum
+// EXTERN-NEXT: torch.aten.cumsum {{.*}} {ca.host}
 // EXTERN-NEXT: call @backward_kernel_1
 func.func @backward(%g: !torch.vtensor<[4],f32>, %p: !torch.vtensor<[4],f32>) {
   %int0 = torch.constant.int 0
