@@ -14,9 +14,10 @@ oneDNN's batch-norm backward. So:
   reachable from the roots (their types and edges). It is only a routing key: two
   backwards that share one run the same way, and either way is exact.
 - `Routes` keeps a `Route` per key. After `START` calls (the kernel-level choices of
-  `backends/cpu/choice.py` settle first), calls alternate between the compiled backward and
-  the eager engine until each has `SAMPLES` timings; the eager engine is kept when its
-  median is below `MARGIN` times the compiled one's. Either way the decision is an event
+  `backends/cpu/choice.py` settle first), blocks of `BLOCK` calls alternate between the
+  compiled backward and the eager engine, the last `BLOCK - WARM` of each block timed, until
+  each side has `SAMPLES` timings; the eager engine is kept when its median is below
+  `MARGIN` times the compiled one's. Either way the decision is an event
   (`camlir.explain(kind="choice")`).
 - A structure whose compiled backward fell back (`CompiledBackward.fallback_reason`) is
   routed to the eager engine from its next call on: a fallback would otherwise run compiled
@@ -34,6 +35,13 @@ import os
 import statistics
 
 START = 16
+# Timed in blocks, not alternating call by call: each side's first calls after a switch run
+# with the other side's data in the caches. Alternating every call, the bench CNN's eager
+# backward measured 4.7 ms against 3.5 ms steady (camlir's 5.8 against 6.4), so the choice
+# kept the compiled backward at 1.8x eager's time. Blocks of BLOCK calls, the first WARM of
+# each untimed.
+BLOCK = 4
+WARM = 2
 # Conservative: a wrong switch costs every later call. With 5 samples and a 10% margin, W2
 # at 2 threads switched on noise (10.6 vs 11.8 ms measured) and then ran at 12.5 ms per
 # backward against 9.8 ms for the program.
@@ -87,10 +95,11 @@ class Route:
     `decided` is then set, with `compiled_s`/`eager_s` the medians it decided on, and
     `reason` says why (for a fallback, the fallback's reason)."""
 
-    __slots__ = ("calls", "decided", "compiled_s", "eager_s", "reason", "graph", "_compiled", "_eager")
+    __slots__ = ("calls", "decided", "compiled_s", "eager_s", "reason", "graph", "timing", "_compiled", "_eager")
 
     def __init__(self):
         self.calls = 0
+        self.timing = False  # whether the call `pick()` just chose is one to time
         self.decided = None
         self.compiled_s = self.eager_s = None
         self.reason = ""
@@ -103,11 +112,15 @@ class Route:
         n = self.calls
         self.calls += 1
         if n < START:
+            self.timing = False
             return "compiled"
-        return "eager" if (n - START) % 2 else "compiled"
+        block, position = divmod(n - START, BLOCK)
+        self.timing = position >= WARM
+        return "eager" if block % 2 else "compiled"
 
     def measuring(self) -> bool:
-        return self.decided is None and self.calls > START
+        """Whether the call `pick()` just chose is to be timed."""
+        return self.decided is None and self.timing
 
     def record(self, which: str, seconds: float) -> bool:
         (self._eager if which == "eager" else self._compiled).append(seconds)

@@ -43,6 +43,14 @@ def _accumulating_steps(model, reference, steps, **enable):
             torch.testing.assert_close(p.grad, r.grad)
 
 
+def _choice_calls() -> int:
+    """Calls after START until a route has SAMPLES timings of each side (blocks of BLOCK
+    calls, the first WARM of each untimed)."""
+    timed = graph_choice.BLOCK - graph_choice.WARM
+    blocks_per_side = -(-graph_choice.SAMPLES // timed)
+    return 2 * blocks_per_side * graph_choice.BLOCK
+
+
 def _slowed(fn, seconds):
     def slow(*args):
         time.sleep(seconds)
@@ -93,7 +101,7 @@ def test_a_slow_program_runs_on_the_eager_engine(monkeypatch):
     program = _steady_program(model, reference)
     original = type(program).__call__
     monkeypatch.setattr(type(program), "__call__", lambda self, *a, **k: (time.sleep(0.01), original(self, *a, **k))[1])
-    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 3)
+    _accumulating_steps(model, reference, 2 + _choice_calls() + 1)
     [event] = camlir.explain(kind="choice")
     assert "runs on PyTorch's eager engine" in event.reason and event.new < event.old
     eager_before = camlir.counters["eager_runs"]
@@ -115,7 +123,7 @@ def test_a_fast_program_stays_and_the_routes_sleep(monkeypatch):
         return real(lambda: (time.sleep(0.01), call())[1], route)
 
     monkeypatch.setattr(engine, "_eager", slow_eager)
-    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 3)
+    _accumulating_steps(model, reference, 2 + _choice_calls() + 1)
     [event] = camlir.explain(kind="choice")
     assert event.reason.startswith("runs compiled") and event.old < event.new
     assert not graph_choice.routes.awake, "nothing left to route: no key is computed any more"
@@ -143,7 +151,7 @@ def test_a_structure_that_fell_back_then_runs_on_the_eager_engine():
 def test_fullgraph_always_runs_the_program(monkeypatch):
     monkeypatch.setattr(graph_choice, "START", 0)
     model, reference = _mlp(), _mlp()
-    _accumulating_steps(model, reference, 2 + 2 * graph_choice.SAMPLES + 2, fullgraph=True)
+    _accumulating_steps(model, reference, 2 + _choice_calls(), fullgraph=True)
     assert camlir.explain(kind="choice") == []
     assert camlir.counters["eager_runs"] == 0
 

@@ -246,7 +246,12 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
             routed = graph_choice.routes.awake and not settings.fullgraph
             if routed:
                 route = graph_choice.routes.route(graph_choice.structure_key(roots, inputs))
-                which = route.decided or (route.pick() if _timed_choice() else "compiled")
+                if route.decided is not None:
+                    which = route.decided
+                elif _timed_choice():
+                    which = route.pick()
+                else:
+                    which, route.timing = "compiled", False
                 if which == "eager":
                     return _eager(call, route)
             timed = route is not None and route.measuring()
