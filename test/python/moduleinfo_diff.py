@@ -511,11 +511,7 @@ def main(argv=None) -> int:
         "backends": list(backends), "samples_per_mode": args.samples, "rtol": RTOL, "atol": ATOL,
         "wall_seconds": round(time.time() - started, 1), "summary": summary, "results": results,
     }
-    print(json.dumps({k: report[k] for k in ("wall_seconds", "summary")}, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+    opinfo_diff.write_report(report, args.json)
     return 0
 
 

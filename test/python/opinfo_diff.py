@@ -613,12 +613,18 @@ def main(argv=None) -> int:
         "samples_per_op": args.samples, "rtol": RTOL, "atol": ATOL,
         "wall_seconds": round(time.time() - started, 1), "summary": summary, "results": results,
     }
+    write_report(report, args.json)
+    return 0
+
+
+def write_report(report: dict, path) -> None:
+    """Prints a run's wall time and summary; writes the whole report as JSON to `path`, if given
+    (moduleinfo_diff.py writes its reports the same way)."""
     print(json.dumps({k: report[k] for k in ("wall_seconds", "summary")}, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(report, f, indent=1)
             f.write("\n")
-    return 0
 
 
 if __name__ == "__main__":
