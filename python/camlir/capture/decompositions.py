@@ -122,6 +122,40 @@ def _minimum(a, b):
     return torch.where((a < b) | (a != a), a, b)
 
 
+def _arg_extreme(largest: bool):
+    """`argmax`/`argmin` with eager's NaN and ties: the index of the first NaN along the
+    dimension if there is one, else of the first extreme value. torch-mlir's lowering compares
+    with `cmpf` and gave index 0 for a row holding a NaN. Written without `argmax`/`argmin`
+    (the decomposition would call itself): the extreme value by `amax`/`amin` with NaN
+    replaced, then the smallest index that holds it."""
+
+    def decomposition(x, dim=None, keepdim=False):
+        if not x.is_floating_point() or x.dim() == 0:
+            return NotImplemented
+        source = x
+        if dim is None:
+            x, dim = x.reshape(-1), 0
+        dim = dim % x.dim()
+        n = x.shape[dim]
+        if n == 0:
+            return NotImplemented
+        nan = x != x
+        fill = float("-inf") if largest else float("inf")
+        clean = torch.where(nan, torch.full_like(x, fill), x)
+        extreme = torch.amax(clean, dim, keepdim=True) if largest else torch.amin(clean, dim, keepdim=True)
+        has_nan = torch.amax(nan.to(torch.int32), dim, keepdim=True) > 0
+        hit = torch.where(has_nan, nan, clean == extreme)
+        shape = [1] * x.dim()
+        shape[dim] = n
+        positions = torch.arange(n, dtype=torch.int64, device=x.device).reshape(shape)
+        index = torch.amin(torch.where(hit, positions, torch.full_like(positions, n)), dim, keepdim=True)
+        if source.dim() != x.dim():  # dim=None: one index into the flattened tensor
+            return index.reshape([1] * source.dim()) if keepdim else index.reshape(())
+        return index if keepdim else index.squeeze(dim)
+
+    return decomposition
+
+
 def _smooth_l1_loss_backward(grad, x, target, reduction, beta):
     """SmoothL1LossBackward0 as eager's cpu kernel branches: -g for d <= -beta, g for
     d >= beta, else g * d / beta (d = x - target, g = grad * norm). PyTorch's decomposition
@@ -287,6 +321,8 @@ def decomposition_table() -> dict:
     table[aten.maximum.default] = _maximum
     table[aten.minimum.default] = _minimum
     table[aten.reciprocal.default] = _reciprocal
+    table[aten.argmax.default] = _arg_extreme(largest=True)
+    table[aten.argmin.default] = _arg_extreme(largest=False)
     table[aten.constant_pad_nd.default] = _constant_pad_nd
     table[aten.smooth_l1_loss_backward.default] = _smooth_l1_loss_backward
     table[aten.softshrink_backward.default] = _shrink_backward
