@@ -122,6 +122,8 @@ def _timings(model, x, y, backend) -> dict:
             loss.backward()
         return (time.perf_counter() - start) * 1e3
 
+    for _ in range(60):  # camlir decides compiled-or-eager on its first 56 calls (docs/speed.md)
+        one(True)
     times = {"eager": [], "camlir": []}
     for _ in range(30):
         times["eager"].append(one(False))
