@@ -143,22 +143,11 @@ def _short(v) -> str:
 def _fresh_inputs(forward_input):
     """(args, kwargs, leaves): the forward inputs with every tensor detached and cloned
     (aliases stay aliases), those that required grad as fresh leaves."""
-    import torch
     from torch.utils import _pytree as pytree
     if forward_input is None:
         return (), {}, []
     flat, spec = pytree.tree_flatten((forward_input.args, forward_input.kwargs))
-    memo, leaves, out = {}, [], []
-    for v in flat:
-        if isinstance(v, torch.Tensor):
-            if id(v) not in memo:
-                c = v.detach().clone()
-                if v.requires_grad:
-                    c.requires_grad_(True)
-                    leaves.append(c)
-                memo[id(v)] = c
-            v = memo[id(v)]
-        out.append(v)
+    out, leaves = opinfo_diff.fresh_leaves(flat)
     args, kwargs = pytree.tree_unflatten(out, spec)
     return args, kwargs, leaves
 

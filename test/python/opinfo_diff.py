@@ -98,14 +98,11 @@ def _tree(sample):
     return pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
 
 
-def _fresh(sample):
-    """(input, args, kwargs, leaves): every tensor of `sample` detached and cloned (aliases
-    stay aliases), those that required grad as fresh leaves."""
+def fresh_leaves(flat) -> tuple:
+    """(values, leaves): every tensor of the flat list `flat` detached and cloned (aliases
+    stay aliases), those that required grad as fresh leaves (moduleinfo_diff.py uses it too)."""
     import torch
-    from torch.utils import _pytree as pytree
-    flat, spec = _tree(sample)
-    memo, leaves = {}, []
-    out = []
+    memo, leaves, out = {}, [], []
     for v in flat:
         if isinstance(v, torch.Tensor):
             if id(v) not in memo:
@@ -116,6 +113,15 @@ def _fresh(sample):
                 memo[id(v)] = c
             v = memo[id(v)]
         out.append(v)
+    return out, leaves
+
+
+def _fresh(sample):
+    """(input, args, kwargs, leaves): every tensor of `sample` detached and cloned (aliases
+    stay aliases), those that required grad as fresh leaves."""
+    from torch.utils import _pytree as pytree
+    flat, spec = _tree(sample)
+    out, leaves = fresh_leaves(flat)
     inp, args, kwargs = pytree.tree_unflatten(out, spec)
     return inp, args, kwargs, leaves
 
