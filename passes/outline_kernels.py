@@ -92,8 +92,11 @@ class OutlineKernels(CAPass):
     lowering, see `docs/op-coverage.md`). Kernels are plain torch-dialect functions with
     the `ca.kernel` attribute, which the lowering takes to linalg and the backends compile.
 
-    Runs are cut only at barriers: `ca.hook`, `ca.call_python`, calls of kernels outlined
-    before, ops marked `ca.host`, and extern ops. Accumulation
+    Runs are cut at barriers: `ca.hook`, `ca.call_python`, calls of kernels outlined
+    before, ops marked `ca.host`, and extern ops. A run of more than `max-ops` ops (default
+    160: LLVM's codegen time grows faster than a kernel's size) is also cut, into as few
+    kernels of nearly equal size as fit, each cut where the fewest values cross it (lit
+    test `outline-kernels-max-ops.mlir`). Accumulation
     does not cut a run: it moves after the kernel that computes its gradient (no compute
     reads `.grad`, and it never moves past a hook, which might). Constants and list
     constructions stay on the host and are cloned into every kernel that reads them; a
@@ -135,20 +138,29 @@ class OutlineKernels(CAPass):
 
     function: str = "backward"
     extern_ops: str = ""  # more aten ops to keep on the host, comma-separated ("aten.foo,aten.bar")
+    max_ops: int = 0  # ops per kernel at most (0: MAX_KERNEL_OPS; negative: no limit)
 
     def run(self, module: ir.Operation) -> None:
         host = find_func(module, self.function)
         if host is None:
             raise PassFailure(f"no function @{self.function} to outline", module)
         extern = default_extern_ops() | {name for name in self.extern_ops.split(",") if name}
-        outline_runs(module, host, extern)
+        outline_runs(module, host, extern, self.max_ops or MAX_KERNEL_OPS)
 
 
-def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -> list:
-    """Outlines every run of compute in `host` between barriers into a new kernel, numbered
-    after the kernels the module already has; returns the new kernels. Calls of existing
-    kernels are barriers, so a host that was outlined before only has its new compute
-    outlined (ca-lower-to-linalg uses this after moving an op to the host)."""
+# LLVM's codegen time grows faster than a function's size: on T5's backward, a kernel of
+# ~450 ops took 4.9 s of codegen where kernels of ~120 took 0.1-0.4 s each. A longer run is
+# cut into nearly equal kernels, each cut where the fewest values cross it (what is lost is
+# fusion across the cut, and the crossing values go through memory).
+MAX_KERNEL_OPS = 160
+
+
+def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset(), max_ops: int = MAX_KERNEL_OPS) -> list:
+    """Outlines every run of compute in `host` between barriers into new kernels of at most
+    `max_ops` ops each (no limit when it is not positive), numbered after the kernels the
+    module already has; returns the new kernels. Calls of existing kernels are barriers, so a
+    host that was outlined before only has its new compute outlined (ca-lower-to-linalg uses
+    this after moving an op to the host)."""
     block = host.regions[0].blocks[0]
     prefix = f"{func_name(host)}_kernel_"
     taken = [func_name(fn)[len(prefix):] for fn in funcs(module) if func_name(fn).startswith(prefix)]
@@ -170,13 +182,48 @@ def outline_runs(module: ir.Operation, host: ir.Operation, extern=frozenset()) -
                 # a convolution_backward went into the new kernel, and torch-mlir's lowering
                 # of it gave wrong weight gradients (Swin's patch embedding; model sweep).
                 op.attributes[HOST_ATTR] = ir.UnitAttr.get()
-            kernels += _outline(module, host, segment, number + len(kernels))
+            for chunk in split_run(segment, max_ops):
+                kernels += _outline(module, host, chunk, number + len(kernels))
             segment = []
             continue
         segment.append(op)
-    kernels += _outline(module, host, segment, number + len(kernels))
+    for chunk in split_run(segment, max_ops):
+        kernels += _outline(module, host, chunk, number + len(kernels))
     _erase_dead_cloneables(block)
     return kernels
+
+
+def split_run(ops: list, max_ops: int) -> list:
+    """`ops` (one run, in block order) as consecutive chunks of at most `max_ops` ops, as
+    few as that allows and of nearly equal size; each cut is placed, within a quarter of
+    a chunk of its even position, where the fewest of the run's values cross it."""
+    n = len(ops)
+    if max_ops <= 0 or n <= max_ops:
+        return [ops]
+    # crossing[p]: values defined by ops[:p] that ops[p:] read.
+    index = {op: i for i, op in enumerate(ops)}
+    delta = [0] * (n + 1)
+    for i, op in enumerate(ops):
+        last = max((index.get(use.owner, -1) for r in op.results for use in r.uses), default=-1)
+        if last > i:
+            delta[i + 1] += 1
+            delta[last + 1] -= 1
+    crossing, live = [], 0
+    for p in range(n + 1):
+        live += delta[p]
+        crossing.append(live)
+    count = -(-n // max_ops)
+    cuts, start = [], 0
+    for j in range(1, count):
+        ideal = start + (n - start) // (count - j + 1)
+        window = max(1, (n // count) // 4)
+        # This chunk must fit, and so must the rest in the chunks left.
+        allowed = range(max(start + 1, n - (count - j) * max_ops), min(start + max_ops, n - 1) + 1)
+        cut = min(allowed, key=lambda p: (abs(p - ideal) > window, crossing[p], abs(p - ideal)))
+        cuts.append(cut)
+        start = cut
+    bounds = [0] + cuts + [n]
+    return [ops[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _outline(module: ir.Operation, host: ir.Operation, ops: list, number: int) -> list:
@@ -310,7 +357,10 @@ def _erase_dead_cloneables(block: ir.Block) -> None:
 
 
 def _ops_between(first: ir.Operation, last: ir.Operation) -> list:
-    block_ops = [o.operation for o in first.block.operations]
-    start = block_ops.index(first)
-    end = block_ops.index(last)
-    return block_ops[start:end]
+    """The ops from `first` up to `last` (excluded), in one block. (Walked op by op: listing
+    the whole block per kernel cost 0.5 s on MobileNetV3's host function.)"""
+    found, op = [], first
+    while op is not None and op != last:
+        found.append(op)
+        op = next_op(op)
+    return found
