@@ -196,6 +196,7 @@ class CompiledBackward:
             what, reason = "first call", "first backward of this graph"
         self._miss = None
         self._check_limit(reason)
+        _refuse_unstrided(inputs)
         start = time.perf_counter()
         dump = pipeline.Dump.for_graph(self.capture_id)
         try:
@@ -430,3 +431,15 @@ def _describe(values) -> str:
         else:
             parts.append(f"#{i} {type(v).__name__}")
     return "; ".join(parts)
+
+
+def _refuse_unstrided(inputs) -> None:
+    """A sparse (or other non-strided) tensor among a graph's inputs: the re-trace makes
+    every tensor a strided fake, so the compiled program would hand a dense gradient to a
+    sparse CSR leaf (PyTorch then refuses it: "a gradient ... of a different type"; found by
+    the OpInfo run on `sparse.sampled_addmm`). Such a graph is handed back to PyTorch."""
+    for i, v in enumerate(inputs):
+        if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+            raise UnsupportedError(f"graph input {i} is a {str(v.layout).removeprefix('torch.')} tensor "
+                                   f"{tuple(v.shape)}: camlir compiles strided tensors only")
+

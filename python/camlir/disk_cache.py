@@ -166,6 +166,8 @@ def _hook_fingerprint(obj, h) -> None:
 
 def _value_fingerprint(v, h) -> None:
     if isinstance(v, torch.Tensor):
+        if v.layout != torch.strided:  # no strides to key on (`stride()` raises for sparse CSR)
+            raise Unkeyable(f"a graph argument with layout {v.layout}")
         h.update(f"T{v.dtype}{tuple(v.shape)}{v.stride()}{v.storage_offset()}{v.device}{v.layout}"
                  f"{v.requires_grad}{isinstance(v, torch.nn.Parameter)}{type(v).__qualname__};".encode())
     elif isinstance(v, _SIMPLE):
