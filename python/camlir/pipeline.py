@@ -396,7 +396,7 @@ def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
         blas(kernel_module, dump)
         llvm_module = loops_and_llvm(kernel_module, dump)
     try:
-        return jit.jit(llvm_module)
+        return jit.compile_kernels(llvm_module)
     except Exception as exc:  # noqa: BLE001 - the engine raises plain RuntimeErrors
         raise StageError("jit", str(exc)) from exc
 
