@@ -27,3 +27,14 @@ def test_bench_quick_w1(tmp_path):
     assert by_variant["eager"]["ratio"] == 1.0
     text = out.read_text()
     assert "| W1 | 1 | camlir_cpu |" in text and "python -m bench.run" in text
+
+
+def test_compile_time_w1():
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from bench import compile_time
+
+    times = compile_time.main(["--workloads", "W1", "--rounds", "1", "--workers", "0,1"])
+    assert set(times) == {("W1", "0"), ("W1", "1")}
+    for seconds in times.values():
+        assert len(seconds) == 1 and 0 < seconds[0] < 120
