@@ -7,6 +7,15 @@ Each architecture is built from a tiny random config (2 layers, width 32, vocabu
 nothing downloaded), seeded, and copied. One copy runs its backward with PyTorch's engine,
 the other inside `camlir.enable(backend=...)`. Every parameter gradient is compared with
 `torch.testing.assert_close(rtol=1e-4, atol=1e-5)` and the largest difference is recorded.
+A gradient that fails it is judged as the fuzzer does (docs/fuzzing.md): the step is rerun,
+eager only, on a float64 copy of the model (the step's parameter values and buffers, the same
+inputs in float64, the same seed and dropout masks), and the difference is float32 rounding,
+recorded in `rounding` and not a mismatch, when camlir's gradient is at most 4x as far from
+the float64 one as eager's is, or within 1e-6 x (1 + its largest magnitude)
+(fuzz_programs._within_rounding).
+No float64 check for a gradient missing on one side, another shape, or a step whose forward
+losses differ. The float64 forward gets the float32 forward's random draws (recorded and
+replayed op by op); when they cannot be matched the mismatch stays, with the reason.
 
 Per model, in this order:
   - 3 steps in eval mode (dropout off); the inputs change every step and, after each step,
@@ -17,8 +26,9 @@ Per model, in this order:
 
 Every model runs in its own subprocess with a timeout, one at a time, so a crash or a hang
 is recorded instead of ending the sweep. Results:
-  ok          every gradient matches
-  WRONG       a gradient differs beyond the tolerance (or is missing on one side)
+  ok          every gradient matches (some, perhaps, only up to float32 rounding)
+  WRONG       a gradient differs beyond the tolerance and is not float32 rounding (or is
+              missing on one side), or the forward losses differ
   CRASH       the camlir run raised, or the subprocess died
   HANG        the subprocess passed the timeout
   eager-failed  the model did not build or its eager backward failed (not camlir's fault)
@@ -32,7 +42,8 @@ input, alternating), the fastest camlir backward over the fastest eager one, the
 of each left out (the fastest, because the machine is shared; camlir's per-kernel choice
 alternates native code and torch ops over these calls and keeps the faster).
 
-The functions `build`, `run_model` and `MODELS` are used by test_model_sweep.py.
+The functions `build`, `run_model` and `MODELS` are used by test_model_sweep.py;
+`run_built`, `_compare` and `_float64_check` by test_model_sweep_judge.py (no transformers).
 """
 
 import argparse
@@ -253,7 +264,9 @@ def build(name):
 # ----------------------------------------------------------------------------- one model
 
 def _compare(eager_model, camlir_model):
-    """(max abs error, list of mismatch messages) over every parameter gradient."""
+    """(max abs error, mismatches) over every parameter gradient; a mismatch is (parameter
+    name, message, checkable): checkable when both gradients exist and have one shape, so
+    that a float64 rerun can tell float32 rounding from a wrong value (`_float64_check`)."""
     import torch
 
     worst, bad = 0.0, []
@@ -261,34 +274,201 @@ def _compare(eager_model, camlir_model):
     for pname, p in camlir_model.named_parameters():
         e = expected[pname].grad
         if (p.grad is None) != (e is None):
-            bad.append(f"{pname}: grad is None on {'camlir' if p.grad is None else 'eager'} only")
+            bad.append((pname, f"{pname}: grad is None on "
+                        f"{'camlir' if p.grad is None else 'eager'} only", False))
             continue
         if e is None:
             continue
-        if p.grad.shape == e.shape and p.grad.numel():
+        same_shape = p.grad.shape == e.shape
+        if same_shape and p.grad.numel():
             diff = (p.grad.double() - e.double()).abs()
             worst = max(worst, float(diff.nan_to_num(float("inf")).max()))
         try:
             torch.testing.assert_close(p.grad, e, rtol=RTOL, atol=ATOL)
         except AssertionError as err:
-            bad.append(f"{pname}: {str(err).splitlines()[0:4]}")
+            bad.append((pname, f"{pname}: {str(err).splitlines()[0:4]}", same_shape))
     return worst, bad
+
+
+# Random ops whose result is a draw that depends only on shapes, scalars and the generator
+# (bernoulli: on its probabilities, too): the float64 rerun gets the float32 run's result.
+_PURE_DRAWS = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
+               "randint_like", "randperm", "uniform", "uniform_", "normal_", "exponential",
+               "exponential_", "geometric", "geometric_", "cauchy", "cauchy_", "log_normal",
+               "log_normal_", "multinomial"}
+
+
+def _random_draws(replay=None):
+    """A TorchDispatchMode that records every random op that draws from the CPU generator
+    (its results), or, given such a record (`replay`), gives those results to the same ops
+    in the same order: the float64 rerun sees the float32 run's dropout masks. `.problem` says
+    why the draws could not be matched (another op, order or shape); `.low_precision` counts
+    the ops with a floating result below float64 (a model's own casts) in the replay."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Draws(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.record = [] if replay is None else replay
+            self.next, self.problem, self.low_precision = 0, None, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            seeded = torch.Tag.nondeterministic_seeded in func.tags
+            before = torch.get_rng_state() if seeded else None
+            out = func(*args, **kwargs)
+            flat = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if replay is not None:
+                self.low_precision += any(t.is_floating_point() and t.dtype != torch.float64
+                                          for t in flat)
+            if not seeded or (kwargs.get("generator") is None and
+                              torch.equal(before, torch.get_rng_state())):
+                return out  # drew nothing (dropout with p=0 never calls an op)
+            name = func.overloadpacket.__name__
+            if replay is None:
+                self.record.append((str(func), [t.detach().clone() for t in flat]))
+                return out
+            if self.problem:
+                return out
+            if self.next >= len(self.record):
+                self.problem = f"the float64 run drew more ({func}) than the float32 run"
+                return out
+            want, values = self.record[self.next]
+            self.next += 1
+            if want != str(func) or [tuple(v.shape) for v in values] != \
+                    [tuple(t.shape) for t in flat]:
+                self.problem = f"random op {self.next}: float64 run {func}, float32 run {want}"
+            elif name == "native_dropout":  # (output, mask): the output is input * mask * scale
+                p = args[1] if len(args) > 1 else kwargs["p"]
+                with torch.no_grad():
+                    flat[1].copy_(values[1])
+                    flat[0].copy_(args[0] * values[1] * (1.0 / (1.0 - p) if p < 1 else 0.0))
+            elif name in _PURE_DRAWS:
+                with torch.no_grad():
+                    for t, v in zip(flat, values):
+                        t.copy_(v)
+            else:
+                self.problem = f"random op {func} cannot be replayed in float64"
+            return out
+
+        def unmatched(self):
+            if self.problem:
+                return self.problem
+            if self.next != len(self.record):
+                return (f"the float64 run drew {self.next} times, the float32 run "
+                        f"{len(self.record)}")
+            return None
+
+    return Draws()
+
+
+def _float64_check(model, buffers, kwargs, seed, train, loss, failed, camlir_model):
+    """Reruns one step of the eager `model` (its parameters as in that step, its buffers as
+    before the step's forward: `buffers`; the same inputs and RNG seed) on a float64 copy,
+    and judges each parameter of `failed` (names whose float32 gradients differ beyond
+    RTOL/ATOL) by the fuzzer's rule (fuzz_programs._within_rounding): float32 rounding when
+    camlir's gradient is at most 4x as far from the float64 one as eager's is, or within
+    1e-6 x (1 + its largest magnitude). Returns ({name: note} of the rounding cases, {name: why not} of the rest).
+    The rerun sees the same random draws as the float32 forward: they are recorded in a
+    float32 rerun (which must give the same loss) and replayed; when they cannot be, nothing
+    is accepted."""
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from fuzz_programs import _within_rounding  # the fuzzer's rule (docs/fuzzing.md)
+
+    def fresh(dtype):
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for n, b in m.named_buffers():
+                b.copy_(buffers[n])
+        m.to(dtype)
+        m.train(train)
+        for p in m.parameters():
+            p.grad = None
+        return m
+
+    m32, m64 = fresh(torch.float32), fresh(torch.float64)
+    try:
+        record = _random_draws()
+        torch.manual_seed(seed)
+        with record:
+            again = m32(**kwargs).loss
+        if not torch.equal(again.detach(), loss.detach()):
+            why = (f"a float32 rerun gave another loss ({float(again)} vs {float(loss)}): "
+                   "its random draws are not the step's")
+            return {}, {n: why for n in failed}
+        kwargs64 = {k: v.detach().double() if isinstance(v, torch.Tensor) and
+                    v.is_floating_point() else v for k, v in kwargs.items()}
+        replay = _random_draws(record.record)
+        torch.manual_seed(seed)
+        with replay:
+            loss64 = m64(**kwargs64).loss
+        problem = replay.unmatched()
+        if problem:
+            why = f"no float64 check: the dropout masks cannot be matched ({problem})"
+            return {}, {n: why for n in failed}
+        loss64.backward()
+    except Exception as err:  # no reference: the mismatches stay mismatches
+        why = f"no float64 check: the float64 rerun raised {type(err).__name__}: {err}"[:500]
+        return {}, {n: why for n in failed}
+    ref = dict(m64.named_parameters())
+    eager, ours = dict(model.named_parameters()), dict(camlir_model.named_parameters())
+    cast = (f"; the float64 run had {replay.low_precision} ops with results below float64 "
+            "(the model's casts)") if replay.low_precision else ""
+    accepted, rejected = {}, {}
+    for n in failed:
+        r, e, o = ref[n].grad, eager[n].grad, ours[n].grad
+        if r is None:
+            rejected[n] = "the float64 rerun has no gradient"
+            continue
+        d_ours, d_eager = (float((t.double() - r).abs().max()) if r.numel() else 0.0
+                           for t in (o, e))
+        dist = (f"float64 distance camlir {d_ours:.1e}, eager {d_eager:.1e}, "
+                f"scale {float(r.abs().max()) if r.numel() else 0.0:.1e}{cast}")
+        if _within_rounding(o, e, r):
+            accepted[n] = dist
+        else:
+            rejected[n] = f"not float32 rounding: {dist}"
+    return accepted, rejected
 
 
 def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TIMING_CALLS):
     """Runs the comparison for `name` in this process; returns a dict (see the module doc).
     Exceptions from camlir's side are reported as result CRASH, not raised."""
+    try:
+        model, inputs = build(name)
+    except Exception as err:  # the model itself does not build here
+        return _new_record(name, backend, result="eager-failed",
+                           error=f"build: {type(err).__name__}: {err}"[:2000])
+    return run_built(name, model, inputs, backend, steps, train_step, timing_calls)
+
+
+def _new_record(name, backend, **kw):
+    record = dict(model=name, backend=backend, result=None, max_err=0.0, mismatches=[],
+                  rounding=[], counters={}, first_backward_s=None, steady_ratio=None,
+                  error=None)
+    record.update(kw)
+    return record
+
+
+def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
+              timing_calls=TIMING_CALLS):
+    """`run_model` on a model already built: `model(**inputs(step)).loss` is the loss of step
+    `step` (the same tensors for the same step)."""
     import torch
 
     import camlir
 
-    record = dict(model=name, backend=backend, result=None, max_err=0.0, mismatches=[],
-                  counters={}, first_backward_s=None, steady_ratio=None, error=None)
+    record = _new_record(name, backend)
     try:
-        model, inputs = build(name)
         twin = copy.deepcopy(model)
-    except Exception as err:  # the model itself does not build here
-        record.update(result="eager-failed", error=f"build: {type(err).__name__}: {err}"[:2000])
+    except Exception as err:
+        record.update(result="eager-failed", error=f"deepcopy: {type(err).__name__}: {err}"[:2000])
         return record
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -302,6 +482,7 @@ def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TI
             for p in m.parameters():
                 p.grad = None
         kwargs = inputs(step)
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         try:
             torch.manual_seed(step)
             loss = model(**kwargs).loss
@@ -324,12 +505,25 @@ def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TI
             record.update(result="CRASH", error=f"step {step}: {type(err).__name__}: {err}\n"
                           f"{traceback.format_exc()[-3000:]}"[:5000])
             return False
-        if not torch.allclose(loss.detach(), loss2.detach(), rtol=1e-6, atol=1e-6):
+        where = f"step {step}{' (train)' if train else ''}"
+        same_loss = torch.allclose(loss.detach(), loss2.detach(), rtol=1e-6, atol=1e-6)
+        if not same_loss:  # the forward is eager on both sides: no float64 check
             record["mismatches"].append(f"step {step}: forward losses differ "
-                                        f"({float(loss)} vs {float(loss2)})")
+                                        f"({loss.item()} vs {loss2.item()})")
         worst, bad = _compare(model, twin)
         record["max_err"] = max(record["max_err"], worst)
-        record["mismatches"] += [f"step {step}{' (train)' if train else ''}: {b}" for b in bad]
+        failed = [pname for pname, _, checkable in bad if checkable]
+        accepted, rejected = {}, {}
+        if failed and same_loss:
+            accepted, rejected = _float64_check(model, buffers, kwargs, step, train, loss,
+                                                failed, twin)
+        for pname, message, _ in bad:
+            if pname in accepted:
+                record["rounding"].append(f"{where}: float32 rounding: {pname} "
+                                          f"({accepted[pname]})")
+            else:
+                why = f" [{rejected[pname]}]" if pname in rejected else ""
+                record["mismatches"].append(f"{where}: {message}{why}")
         with torch.no_grad():  # the same update on both copies: values change between steps
             for p, q in zip(params, twin_params):
                 if p.grad is not None:
@@ -453,13 +647,16 @@ def _row(r):
     where = "native" if native(r) else ",".join(
         f"{k}={c[k]}" for k in ("fallbacks", "interpreted") if c.get(k)) or "-"
     err = r.get("max_err")
+    rounding = len(r.get("rounding") or [])
     return (f"| {r['model']} | {r['result']} | {where} | {c.get('compiles', '-')} | "
-            f"{'-' if err is None else f'{err:.1e}'} | {r.get('first_backward_s') or '-'} | "
+            f"{'-' if err is None else f'{err:.1e}'} | {rounding or '-'} | "
+            f"{r.get('first_backward_s') or '-'} | "
             f"{r.get('steady_ratio') or '-'} | {r.get('wall_s', '-')} |")
 
 
-HEADER = ("| model | result | counters | compiles | max grad error | first backward s | "
-          "steady / eager | wall s |\n|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | result | counters | compiles | max grad error | float32 rounding | "
+          "first backward s | steady / eager | wall s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv=None):
@@ -489,9 +686,11 @@ def main(argv=None):
     print("\n" + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
           f"native: {sum(native(r) for r in results)}/{len(results)}")
     for r in results:
-        if r["result"] != "ok" or not native(r):
+        if r["result"] != "ok" or not native(r) or r.get("rounding"):
             print(f"\n## {r['model']}: {r['result']}")
             for m in r.get("mismatches") or []:
+                print("  ", m)
+            for m in r.get("rounding") or []:
                 print("  ", m)
             if r.get("error"):
                 print(r["error"][-1500:])
