@@ -21,6 +21,8 @@ BLAS_SYMBOLS = ("sgemm_", "dgemm_")
 
 
 def compile_to_object(text: str, opt_level: int = 2) -> bytes:
+    """The machine code of the LLVM-dialect module `text`, as `jit.jit` would compile it
+    (same opt level, position-independent), as an ELF relocatable object."""
     from torch_mlir import ir
     from torch_mlir.execution_engine import ExecutionEngine
 
@@ -42,6 +44,7 @@ def compile_to_object(text: str, opt_level: int = 2) -> bytes:
 
 
 def main() -> int:
+    """Compiles the file named by argv[1] into the object file argv[2]; the exit status."""
     source, target = sys.argv[1], sys.argv[2]
     opt_level = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     try:
