@@ -38,3 +38,15 @@ def test_compile_time_w1():
     assert set(times) == {("W1", "0"), ("W1", "1")}
     for seconds in times.values():
         assert len(seconds) == 1 and 0 < seconds[0] < 120
+
+
+def test_memory_w1():
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from bench import memory
+
+    table = memory.main(["--workload", "W1"])
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    assert [r[0].strip() for r in rows][-2:] == ["camlir's first backward", "three more"]
+    peaks = [float(r[2]) for r in rows]
+    assert all(b >= a for a, b in zip(peaks, peaks[1:]))  # a peak never goes down
