@@ -7,7 +7,10 @@ PyTorch's file is not part of this repository: get it from a PyTorch checkout (a
 near the installed torch) and pass its path. It needs `expecttest` importable
 (`pip install --target DIR expecttest`, then `--extra-path DIR`). Its wrapped suites
 (`test/test_autograd.py` etc., loaded relative to the file) run too when they are there;
-when they are not, the statements that load them are skipped and reported.
+when they are not, the statements that load them are skipped and reported. The file wraps
+them in compiled autograd only on a CUDA+Triton machine; the runner wraps them on every
+machine. The tests the file itself lists as failing under compiled autograd (replaced by
+`unittest.expectedFailure`) or leaves unwrapped are SKIP, with the reason, and not run.
 
 How camlir is put in place of Inductor: every `torch._dynamo.compiled_autograd._enable(fn)`
 the tests open (directly, through `check_output_and_recompiles`, or through
@@ -113,15 +116,58 @@ def _load_module(path):
             exec(code, module.__dict__)
         except Exception as exc:  # noqa: BLE001 - reported, and the rest still loads
             skipped.append(f"line {stmt.lineno}: {type(exc).__name__}: {exc}"[:300])
+        _wrap_on_every_machine(module)
     return module, skipped
+
+
+def _wrap_on_every_machine(module):
+    """PyTorch's `wrap_test_class` (the wrapped test_autograd suites) leaves the tests whose
+    backend is Inductor unwrapped unless CUDA and Triton are there: on a CPU machine they
+    would run without compiled autograd at all. While it wraps, it sees
+    HAS_CUDA_AND_TRITON = True, so that every test runs under compiled autograd: with camlir,
+    and in the stock rerun with Inductor's CPU backend."""
+    wrap = module.__dict__.get("wrap_test_class")
+    if wrap is None or getattr(wrap, "_on_every_machine", False):
+        return
+
+    def wrap_test_class(orig_cls):
+        had, old = "HAS_CUDA_AND_TRITON" in module.__dict__, module.__dict__.get(
+            "HAS_CUDA_AND_TRITON")
+        module.HAS_CUDA_AND_TRITON = True
+        try:
+            return wrap(orig_cls)
+        finally:
+            if had:
+                module.HAS_CUDA_AND_TRITON = old
+            else:
+                del module.HAS_CUDA_AND_TRITON
+
+    wrap_test_class._on_every_machine = True
+    module.wrap_test_class = wrap_test_class
+
+
+def _not_run_reason(cls, test_name):
+    """Why a test of a wrapped suite is not run under compiled autograd, or None: the test
+    file replaced it by `unittest.expectedFailure` itself (its xfail lists: it then passes
+    without running), or left it unwrapped (its skipped_tests)."""
+    fn = cls.__dict__.get(test_name)
+    if getattr(cls, "__file__", None) is None or fn is None:
+        return None
+    if fn is unittest.expectedFailure:
+        return "listed by the test file as failing under compiled autograd: not run"
+    if any(base.__dict__.get(test_name) is fn for base in cls.__mro__[1:]):
+        return "not wrapped by the test file (skipped_tests): would run without compiled autograd"
+    return None
 
 
 def _test_ids(module):
     ids = []
     loader = unittest.TestLoader()
     for name, obj in sorted(vars(module).items()):
+        # A wrapped suite keeps its source module's name but is marked with our __file__.
         if (isinstance(obj, type) and issubclass(obj, unittest.TestCase)
-                and obj.__module__ == module.__name__):
+                and (obj.__module__ == module.__name__
+                     or getattr(obj, "__file__", None) == module.__file__)):
             ids += [f"{name}.{test}" for test in loader.getTestCaseNames(obj)]
     return ids
 
@@ -168,13 +214,26 @@ def child_main(args):
     camlir = _install_camlir(args.backend) if args.mode == "camlir" else None
     module, skipped = _load_module(args.path)
     if args.list:
-        print(RESULT_MARK + json.dumps({"ids": _test_ids(module), "skipped_statements": skipped}))
+        ids = _test_ids(module)
+        not_run = {}
+        for test_id in ids:
+            cls_name, test_name = test_id.split(".", 1)
+            reason = _not_run_reason(getattr(module, cls_name), test_name)
+            if reason:
+                not_run[test_id] = reason
+        print(RESULT_MARK + json.dumps({"ids": ids, "skipped_statements": skipped,
+                                        "not_run": not_run}))
         return
     cls_name, test_name = args.test.split(".", 1)
-    test = getattr(module, cls_name)(test_name)
+    cls = getattr(module, cls_name)
+    test = cls(test_name)
     result = _Result()
     start = time.perf_counter()
-    test.run(result)
+    not_run = _not_run_reason(cls, test_name)
+    if not_run:
+        result.outcome = {"status": "skip", "message": not_run}
+    else:
+        test.run(result)
     outcome = result.outcome or {"status": "error", "exc_type": "NoOutcome", "message": "",
                                  "frames": []}
     outcome["seconds"] = round(time.perf_counter() - start, 2)
@@ -230,15 +289,19 @@ def _in_camlir(frame_file):
 
 
 def _failing_test_line(outcome, path):
-    """The last traceback line inside PyTorch's test file: the statement that failed."""
+    """The last traceback line inside PyTorch's test directory (the test file, or a suite it
+    wraps, e.g. test/test_autograd.py): the statement that failed. Returns (file, line
+    number, text)."""
+    test_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     for filename, lineno, _name, line in reversed(outcome.get("frames", [])):
-        if os.path.abspath(filename) == os.path.abspath(path):
+        filename = os.path.abspath(filename)
+        if filename.startswith(test_dir + os.sep):
             line = line or ""
             if line.rstrip().endswith("("):  # a call spread over lines: read its arguments
-                with open(path) as f:
+                with open(filename) as f:
                     line += " ".join(s.strip() for s in f.read().splitlines()[lineno:lineno + 3])
-            return lineno, line
-    return None, ""
+            return os.path.relpath(filename, test_dir), lineno, line
+    return None, None, ""
 
 
 def classify(camlir_outcome, stock_outcome, path):
@@ -257,7 +320,7 @@ def classify(camlir_outcome, stock_outcome, path):
         return "CRASH"
     if stock_outcome is not None and stock_outcome["status"] not in ("pass", "skip"):
         return "SAME_AS_STOCK"
-    _, line = _failing_test_line(camlir_outcome, path)
+    _, _, line = _failing_test_line(camlir_outcome, path)
     message = camlir_outcome.get("message", "")
     if _INDUCTOR_SPECIFIC_LINE.search(line):
         return "INDUCTOR_SPECIFIC"
@@ -283,7 +346,10 @@ def parent_main(args):
         print(f"  not loaded: {note}", flush=True)
 
     def one(test_id):
-        outcome = _run_child(args, "camlir", test_id, timeout=args.timeout)
+        if test_id in listing.get("not_run", {}):  # no child needed: SKIP, with the reason
+            outcome = {"status": "skip", "message": listing["not_run"][test_id]}
+        else:
+            outcome = _run_child(args, "camlir", test_id, timeout=args.timeout)
         stock = None
         verdict = classify(outcome, None, args.path)
         # An assertion about counters, logs or graph text says nothing about camlir's
@@ -291,17 +357,17 @@ def parent_main(args):
         if verdict not in ("PASS", "SKIP", "INDUCTOR_SPECIFIC") and not args.no_stock:
             stock = _run_child(args, "stock", test_id, timeout=args.timeout)
             verdict = classify(outcome, stock, args.path)
-        lineno, line = _failing_test_line(outcome, args.path)
+        filename, lineno, line = _failing_test_line(outcome, args.path)
         record = {"test": test_id, "class": verdict, "camlir": outcome,
                   "stock_status": None if stock is None else stock["status"],
                   "stock_message": None if stock is None else stock.get("message", "")[:500],
-                  "line": lineno, "line_text": line}
+                  "file": filename, "line": lineno, "line_text": line}
         counts = outcome.get("camlir", {})
         print(f"{verdict:17s} {test_id}  [{outcome.get('seconds', '?')} s; "
               f"compiles {counts.get('compiles', '-')}, fallbacks {counts.get('fallbacks', '-')}]"
               + ("" if verdict in ("PASS", "SKIP") else
                  f"\n      {outcome.get('exc_type', outcome['status'])}: "
-                 f"{outcome.get('message', '')[:200]!r} (line {lineno}: {line.strip()[:100]})"),
+                 f"{outcome.get('message', '')[:200]!r} ({filename}:{lineno}: {line.strip()[:100]})"),
               flush=True)
         return record
 
