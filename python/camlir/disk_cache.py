@@ -50,10 +50,10 @@ import torch
 
 from camlir import logs
 from camlir.cache import ValueGuard
-from camlir.capture.retrace import CompiledGuards
+from camlir.capture.retrace import CompiledGuards, static_dims_hold
 from camlir.disk_store import DiskStore
 
-FORMAT = 1
+FORMAT = 2  # 2: static dims of size 0/1 are checked (entries of 1 lack that check)
 _SIMPLE = (int, float, bool, str, type(None))
 
 
@@ -225,9 +225,8 @@ class StoredGuards:
     def guards_hold(self, inputs, sizes) -> bool:
         if not self.symbolic:
             return True
-        for i, shape in self.static_shapes.items():
-            if tuple(inputs[i].shape) != shape:
-                return False
+        if not static_dims_hold(self.static_shapes, inputs):
+            return False
         return self._guards(list(inputs) + list(sizes))
 
 

@@ -212,7 +212,8 @@ class Retraced:
     shape_env: Any = None
     placeholders: list = field(default_factory=list)
     value_guard: ValueGuard = field(default_factory=ValueGuard)
-    static_shapes: dict = field(default_factory=dict)  # input index -> shape traced as static
+    # input index -> its traced shape, a static dim as its int and a symbolic one as None
+    static_shapes: dict = field(default_factory=dict)
 
     def guards_hold(self, inputs, sizes) -> bool:
         """Whether this trace is valid for a call with `inputs` and plain int `sizes`
@@ -221,9 +222,8 @@ class Retraced:
         same capture, so their shapes are compared here."""
         if not self.symbolic:
             return True
-        for i, shape in self.static_shapes.items():
-            if tuple(inputs[i].shape) != shape:
-                return False
+        if not static_dims_hold(self.static_shapes, inputs):
+            return False
         if not hasattr(self, "_guards"):
             self._guards = CompiledGuards(self.guards_code())
         return self._guards(list(inputs) + list(sizes))
@@ -234,6 +234,31 @@ class Retraced:
         if not hasattr(self, "_guards_code"):
             self._guards_code = self.shape_env.produce_guards_expression(self.placeholders)
         return self._guards_code
+
+
+def static_dims(fake_inputs) -> dict:
+    """Per tensor input of a symbolic trace that has a static dim, its shape with every
+    static dim as its int and every symbolic one as None. Parameters are traced static; a
+    dim of size 0 or 1 is static too (the shape environment specialises them, and
+    `produce_guards` leaves no guard for it). Unchecked, a program traced when an index
+    list had one element broadcast that element over later, longer lists (wrong gradients
+    of `y[i, j]`, PyTorch's test_autograd `test_indexing`)."""
+    shapes = {}
+    for i, t in enumerate(fake_inputs):
+        if isinstance(t, torch.Tensor):
+            dims = tuple(d if isinstance(d, int) else None for d in t.shape)
+            if any(d is not None for d in dims):
+                shapes[i] = dims
+    return shapes
+
+
+def static_dims_hold(static_shapes: dict, inputs) -> bool:
+    """Whether every input keeps the rank and the static dims it was traced with."""
+    for i, dims in static_shapes.items():
+        shape = inputs[i].shape
+        if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
+            return False
+    return True
 
 
 class CompiledGuards:
@@ -331,6 +356,5 @@ def _retrace_symbolic(run, inputs, sizes, scalars) -> Retraced:
     if _has_mutations(traced):
         traced = make_fx(_functionalized(traced), tracing_mode="symbolic",
                          decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
-    static = {i: tuple(t.shape) for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
     return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes,
-                    static_shapes=static)
+                    static_shapes=static_dims(fake_inputs))
