@@ -220,9 +220,13 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     the call is one camlir cannot capture (`_not_capturable`), or where `graph_choice`
     routes this backward's structure to the eager engine."""
     settings = active_settings()
-    if getattr(_local, "inside", False) or _tracing():
+    if getattr(_local, "inside", False) or _tracing() or torch._C._current_graph_task_id() != -1:
         # A backward inside a hook of a compiled backward, or one that a tracer records
         # (AOTAutograd traces a compiled region's backward with autograd.grad on fake tensors).
+        # The graph-task id covers a backward run from inside another on any thread: past a
+        # reentrant depth of 60 the engine runs the inner backward on a worker thread, whose
+        # `_local` is fresh; it then waited for `_one_at_a_time`, held by the thread waiting
+        # for it (a deadlock; PyTorch's test_deep_reentrant).
         return call()
     reason = None if settings is None else _not_capturable(api, create_graph, batched)
     if reason is not None:
