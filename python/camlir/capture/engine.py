@@ -178,7 +178,9 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
         return _original_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
 
-    return _run_to_end("backward()", call, create_graph, roots=_tensors(tensors), inputs=_tensors(inputs))
+    roots = _tensors(tensors)
+    return _run_to_end("backward()", call, create_graph, roots=roots, inputs=_tensors(inputs),
+                       vmapped=_under_vmap(roots, _tensors(grad_tensors if grad_tensors is not None else grad_variables)))
 
 
 def _camlir_grad_impl(*args, **kwargs):
@@ -187,9 +189,22 @@ def _camlir_grad_impl(*args, **kwargs):
     except TypeError:  # let PyTorch say what is wrong with the call
         return _original_grad(*args, **kwargs)
     options = bound.arguments
+    roots = _tensors(options.get("outputs"))
     return _run_to_end("torch.autograd.grad()", lambda: _original_grad(*args, **kwargs),
                        options.get("create_graph", False), options.get("is_grads_batched", False),
-                       roots=_tensors(options.get("outputs")), inputs=_tensors(options.get("inputs")))
+                       roots=roots, inputs=_tensors(options.get("inputs")),
+                       vmapped=_under_vmap(roots, _tensors(options.get("grad_outputs"))))
+
+
+def _under_vmap(*groups) -> bool:
+    """Whether this backward runs under vmap: a functorch transform is active, or a root or
+    gradient is a batched tensor of the legacy `torch._vmap_internals` (gradcheck's batched
+    check). A compiled program takes plain tensors: handed a BatchedTensor it failed with
+    "Cannot access storage of BatchedTensorImpl" (PyTorch's
+    test_custom_function_non_tensor_inputs_outputs under camlir)."""
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return any(torch._C._functorch.is_legacy_batchedtensor(t) for group in groups for t in group)
 
 
 def _tensors(value) -> tuple:
@@ -214,7 +229,7 @@ def _tracing() -> bool:
 
 
 def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False,
-         roots: tuple = (), inputs: tuple = ()):
+         roots: tuple = (), inputs: tuple = (), vmapped: bool = False):
     """Runs `call` (the original backward or grad with the user's arguments) captured by
     camlir, or as plain PyTorch where camlir is off, inside a compiled backward, or where
     the call is one camlir cannot capture (`_not_capturable`), or where `graph_choice`
@@ -228,7 +243,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
         # `_local` is fresh; it then waited for `_one_at_a_time`, held by the thread waiting
         # for it (a deadlock; PyTorch's test_deep_reentrant).
         return call()
-    reason = None if settings is None else _not_capturable(api, create_graph, batched)
+    reason = None if settings is None else _not_capturable(api, create_graph, batched, vmapped)
     if reason is not None:
         _fall_back(reason, settings)
     if settings is None or reason is not None:
@@ -392,8 +407,11 @@ def _ended(failed: bool) -> None:
             logs.log.exception("camlir: an end-of-backward callback failed after the backward failed")
 
 
-def _not_capturable(api: str, create_graph: bool, batched: bool) -> Optional[str]:
+def _not_capturable(api: str, create_graph: bool, batched: bool, vmapped: bool = False) -> Optional[str]:
     """Why a call must run as plain PyTorch, or None."""
+    if vmapped:
+        return (f"{api} under vmap runs uncompiled: compiled backwards take plain tensors, and "
+                f"this one's gradients are batched")
     if create_graph:
         return (f"{api} with create_graph=True (double backward) runs uncompiled: compiled autograd's "
                 f"gradients do not require grad, so the graph of the gradients would be lost")
