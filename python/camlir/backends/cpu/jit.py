@@ -15,7 +15,6 @@ by name, so the loaded library binds the BLAS of the torch in this process), and
 import ctypes
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -45,10 +44,10 @@ def jit(module: ir.Module, opt_level: int = 2) -> ExecutionEngine:
     return engine
 
 
-# A module whose kernels print to fewer characters than this compiles in this process
-# alone: starting a worker costs ~0.2 s, and LLVM takes ~1.3 s per MB of kernel text
-# (T5's backward: 2.4 MB, 3.1 s; MobileNetV3's: 3.4 s).
-PARALLEL_MIN_CHARS = 400_000
+# A module with fewer ops than this in its kernels compiles in this process alone:
+# starting a worker costs ~0.2 s, and LLVM takes ~0.11 ms per op (T5's backward: 27,000
+# LLVM-dialect ops in its kernels, 3.1 s; MobileNetV3's: 3.4 s).
+PARALLEL_MIN_OPS = 5_000
 
 
 def codegen_workers() -> int:
@@ -79,19 +78,20 @@ def compile_kernels(module: ir.Module, workers: Optional[int] = None):
     parts = _split(module, workers + 1) if workers else None
     if parts is None:
         return jit(module)
-    started = [_Worker(text) for text in parts[1:]]
-    local = jit(ir.Module.parse(parts[0], module.context))
+    texts = [part.operation.get_asm(assume_verified=True) for part in parts[1:]]
+    started = [_Worker(text) for text in texts]
+    local = jit(parts[0])
     _force_codegen(local, parts[0])
     libraries, objects = [], []
-    for worker, text in zip(started, parts[1:]):
+    for worker, part in zip(started, parts[1:]):
         try:
             obj = worker.result()
             libraries.append(SharedKernels(shared_library(obj)))
             objects.append(obj)
         except (WorkerError, LinkError, OSError) as exc:
             logging.getLogger("camlir").info("camlir: a codegen worker failed (%s); compiling its part here", exc)
-            engine = jit(ir.Module.parse(text, module.context))
-            _force_codegen(engine, text)
+            engine = jit(part)
+            _force_codegen(engine, part)
             libraries.append(engine)
             objects.append(None)
     return PartedKernels(local, libraries, objects)
@@ -162,23 +162,26 @@ _PREFIXES = ("_mlir_ciface_", "_mlir_")
 
 
 def _split(module: ir.Module, count: int) -> Optional[list]:
-    """The module's text as `count` (or fewer) part texts, each with every op that is not a
-    kernel's (helpers, declarations, constants) and a share of the kernels, balanced by
-    printed size; None when the kernels are too small to be worth it or fewer than two.
-    The module is printed once and cut at its top-level ops (printing op by op took 0.3 s
-    more on MobileNetV3's kernels: each print walks the module for value names)."""
+    """The module as `count` (or fewer) new modules, each with a clone of every op that is
+    not a kernel's (helpers, declarations, constants) and a share of the kernels, balanced
+    by op count; None when the kernels are too small to be worth it or fewer than two.
+    Cloned, not cut from the printed text: a module with large constants prints them as
+    resources after its body, which a textual cut lost (Swin's backward; "Unable to parse
+    module assembly"); each clone prints with the resources it uses."""
     common, kernels = [], {}
-    for text in _top_level_ops(module.operation.get_asm(assume_verified=True)):
-        found = re.match(r"\s*llvm\.func\s+(?:\w+\s+)*@([\w$.]+)\(", text)
-        name = found.group(1) if found else ""
+    for op in module.body.operations:
+        op = op.operation
+        name = ir.StringAttr(op.attributes["sym_name"]).value if op.name == "llvm.func" else ""
         for prefix in _PREFIXES:
             name = name.removeprefix(prefix)
-        if "_kernel_" in name and text.split("\n", 1)[0].rstrip().endswith("{"):
-            kernels.setdefault(name, []).append(text)
+        if "_kernel_" in name and len(op.regions[0].blocks):
+            kernels.setdefault(name, []).append(op)
         else:
-            common.append(text)
-    sizes = {name: sum(len(t) for t in texts) for name, texts in kernels.items()}
-    if sum(sizes.values()) < PARALLEL_MIN_CHARS or len(kernels) < 2:
+            common.append(op)
+    if len(kernels) < 2:
+        return None
+    sizes = {name: sum(_op_count(op) for op in ops) for name, ops in kernels.items()}
+    if sum(sizes.values()) < PARALLEL_MIN_OPS:
         return None
     bins = [[] for _ in range(min(count, len(kernels)))]
     loads = [0] * len(bins)
@@ -186,36 +189,37 @@ def _split(module: ir.Module, count: int) -> Optional[list]:
         i = loads.index(min(loads))
         bins[i].append(name)
         loads[i] += sizes[name]
-    return ["module {\n" + "\n".join(common + [t for name in names for t in kernels[name]]) + "\n}\n"
-            for names in bins]
+    parts = []
+    with module.context, ir.Location.unknown():
+        for names in bins:
+            part = ir.Module.create()
+            for op in common + [op for name in names for op in kernels[name]]:
+                op.clone(ir.InsertionPoint(part.body))
+            parts.append(part)
+    return parts
 
 
-def _top_level_ops(text: str) -> list:
-    """The printed ops of a module's body: MLIR prints each at an indent of two spaces (its
-    regions deeper, closed by `  }`, with block labels `  ^bb1:` at two spaces too),
-    between `module {` and the final `}`."""
-    lines = text.split("\n")
-    if not lines[0].startswith("module") or not lines[0].rstrip().endswith("{"):
-        raise ValueError(f"not a printed module with a body: {lines[0][:80]!r}")
-    ops, current = [], []
-    for line in lines[1:]:
-        if line.startswith("  ") and not line.startswith(("   ", "  }", "  ^")):  # ^bb: a block label
-            if current:
-                ops.append("\n".join(current))
-            current = [line]
-        elif line.startswith("  ") or not line.strip():
-            current.append(line)
-    if current:
-        ops.append("\n".join(current))
-    return ops
+def _op_count(op: ir.Operation) -> int:
+    count = [0]
+
+    def visit(_):
+        count[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return count[0]
 
 
-def _force_codegen(engine: ExecutionEngine, text: str) -> None:
+def _force_codegen(engine: ExecutionEngine, module: ir.Module) -> None:
     """LLVM's codegen runs at the first symbol lookup: done now, so that it overlaps the
     workers' instead of landing on the first kernel call."""
-    found = re.search(r"llvm\.func @([\w.$]*_kernel_\w*)\(", text)
-    if found:
-        engine.raw_lookup(found.group(1))
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "llvm.func" and len(op.regions[0].blocks):
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            if "_kernel_" in name:
+                engine.raw_lookup(name)
+                return
 
 
 def object_code(engine: ExecutionEngine) -> bytes:
