@@ -170,7 +170,6 @@ def module_grads(info, minput, mode: str, weights=None, backend=None):
     (None, None) when no output is differentiable. With `backend`, the backward runs
     through camlir."""
     import torch
-    import camlir
     m = build_module(info, minput, mode)
     args, kwargs, leaves = _fresh_inputs(minput.forward_input)
     torch.manual_seed(SEED)
@@ -178,14 +177,7 @@ def module_grads(info, minput, mode: str, weights=None, backend=None):
     outs = opinfo_diff._differentiable(out)
     if not outs:
         return (None, None), None
-    if weights is None:
-        weights = opinfo_diff._weights(outs)
-    loss = sum((o * w).sum() for o, w in zip(outs, weights))
-    if backend is None:
-        loss.backward()
-    else:
-        with camlir.enable(backend=backend):
-            loss.backward()
+    weights = opinfo_diff.weighted_backward(outs, weights, backend)
     names, values = [], []
     for name, p in m.named_parameters():  # lazy modules have parameters only after the forward
         names.append(f"param {name}")
@@ -205,20 +197,12 @@ def function_grads(op, sample, weights=None, backend=None):
     outputs and weights). The autograd.Function is called directly: this database's
     `gradcheck_wrapper`s are output selectors (`lambda y, ind: y`), not input wrappers."""
     import torch
-    import camlir
     inp, args, kwargs, leaves = opinfo_diff._fresh(sample)
     torch.manual_seed(SEED)
     outs = opinfo_diff._differentiable(sample.output_process_fn_grad(op.op(inp, *args, **kwargs)))
     if not outs:
         return (None, None), None
-    if weights is None:
-        weights = opinfo_diff._weights(outs)
-    loss = sum((o * w).sum() for o, w in zip(outs, weights))
-    if backend is None:
-        loss.backward()
-    else:
-        with camlir.enable(backend=backend):
-            loss.backward()
+    weights = opinfo_diff.weighted_backward(outs, weights, backend)
     grads = [None if t.grad is None else t.grad.detach().clone() for t in leaves]
     return ([f"input {i}" for i in range(len(grads))], grads), weights
 

@@ -142,6 +142,24 @@ def _weights(outs) -> list:
     return [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs]
 
 
+
+def weighted_backward(outs, weights=None, backend=None):
+    """Backpropagates `sum((o * w).sum())` over `outs` (fixed random `weights`, made from
+    the outputs when None) eagerly, or through camlir with `backend`; returns the weights,
+    so that a second run uses the same ones."""
+    import camlir
+
+    if weights is None:
+        weights = _weights(outs)
+    loss = sum((o * w).sum() for o, w in zip(outs, weights))
+    if backend is None:
+        loss.backward()
+    else:
+        with camlir.enable(backend=backend):
+            loss.backward()
+    return weights
+
+
 def _forward(op, sample, inp, args, kwargs):
     import torch
     torch.manual_seed(SEED)  # random ops (dropout, rrelu, ...) draw the same numbers each run
@@ -151,20 +169,11 @@ def _forward(op, sample, inp, args, kwargs):
 def _grads(op, sample, weights=None, backend=None):
     """Runs forward and backward on fresh leaves; returns (grads, weights). With `backend`,
     the backward runs through camlir."""
-    import torch
-    import camlir
     inp, args, kwargs, leaves = _fresh(sample)
     outs = _differentiable(_forward(op, sample, inp, args, kwargs))
     if not outs:
         return None, None
-    if weights is None:
-        weights = _weights(outs)
-    loss = sum((o * w).sum() for o, w in zip(outs, weights))
-    if backend is None:
-        loss.backward()
-    else:
-        with camlir.enable(backend=backend):
-            loss.backward()
+    weights = weighted_backward(outs, weights, backend)
     return [None if t.grad is None else t.grad.detach().clone() for t in leaves], weights
 
 
