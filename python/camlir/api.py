@@ -4,13 +4,11 @@
 Importing this module hands `compiled.CompiledBackward` to the capture engine, which
 compiles every captured graph with it; the engine itself never imports the compiler."""
 
-import contextlib
-
 import torch
 
 from . import compiled, ddp
 from .capture import engine
-from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config
+from .settings import Settings, check_backend, config, scoped  # noqa: F401 - config is re-exported as camlir.config
 from .stats import counters
 
 engine.set_compiler(compiled.CompiledBackward)
@@ -30,13 +28,24 @@ def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, f
         torch.autograd.backward(loss, gradient, retain_graph=retain_graph)
 
 
-@contextlib.contextmanager
-def enable(backend=None, fullgraph=None, dynamic=None):
-    """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir."""
+def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
+    """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir:
+    `with camlir.enable(): ...`, or `@camlir.enable()` on a function. Bad arguments raise a
+    ValueError here."""
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
-    with scoped(Settings(backend, fullgraph, dynamic)):
-        yield
+    if backend is not None:
+        check_backend(backend)
+    key = (backend, fullgraph, dynamic)
+    settings = _settings.get(key)
+    if settings is None:
+        settings = Settings(backend, fullgraph, dynamic)
+        if len(_settings) < 64:  # one per distinct argument set; keeps its resolved cache warm
+            _settings[key] = settings
+    return scoped(settings)
+
+
+_settings: dict = {}
 
 
 def clear_disk_cache() -> int:

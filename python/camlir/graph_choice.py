@@ -25,13 +25,20 @@ oneDNN's batch-norm backward. So:
 
 Keys cost a walk of the graph in Python (measured below), so they are computed only while
 the table is `awake`: a new capture wakes it, and it sleeps again once every route has
-decided for the compiled backward. `fullgraph=True` always runs the compiled backward;
+decided for the compiled backward. A structure decided for the eager engine is found by a
+`shallow_key` (the roots' node types) instead, checked against the full key on a random one
+call in `VERIFY`: on W1 the full walk cost 7 us of a 44 us backward (3 us for the walk, the
+rest inside the engine, which then frees the Python objects the walk made for its nodes).
+A shallow key shared by two structures is found by that check and from then on always
+walks; until then the newcomer runs on the eager engine, which is exact (only its speed
+can be lost, for ~`VERIFY` calls). `fullgraph=True` always runs the compiled backward;
 so does a process in a `torch.distributed` group (ranks deciding differently would issue
 different collectives). `CAMLIR_GRAPH_CHOICE=0` turns the measurement off (fallback routing
 stays: it is about correctness, not speed).
 """
 
 import os
+import random
 import statistics
 
 START = 16
@@ -48,6 +55,10 @@ WARM = 2
 SAMPLES = 9
 MARGIN = 0.85
 MAX_ROUTES = 512
+# A shortcut's full key is checked on a random 1 call in 2**VERIFY_BITS (random, not every
+# Nth: two structures alternating with a period that divides N would never be told apart).
+VERIFY_BITS = 4
+_SHARED = "shared"  # a shallow key seen with two structures: always walk
 
 
 def enabled() -> bool:
@@ -87,6 +98,13 @@ def structure_key(roots, inputs=()) -> tuple:
             children.append(number)
         items.append((type(node).__name__, tuple(children)))
     return tuple(items) + (len(inputs),)
+
+
+def shallow_key(roots, inputs=()) -> tuple:
+    """A cheap name for the backward from `roots`: the types of their autograd nodes and how
+    many `inputs=` tensors there are (~0.3 us). Many structures share one; see
+    `Routes.for_backward` for how that is caught."""
+    return tuple(type(t.grad_fn) for t in roots) + (len(inputs),)
 
 
 class Route:
@@ -148,10 +166,43 @@ class Routes:
 
     def __init__(self):
         self.routes: dict = {}
+        self.shortcuts: dict = {}  # shallow key -> the one eager-decided Route seen with it, or _SHARED
+        self._check_next = False  # `eager_shortcut` drew a check: the next `for_backward` walks
         self.awake = False
 
     def wake(self) -> None:
         self.awake = True
+
+    def for_backward(self, roots, inputs=()) -> Route:
+        """The route of the backward from `roots`: by its shallow key where that names one
+        structure decided for the eager engine (checked now and then), else by its full
+        `structure_key`."""
+        shallow = shallow_key(roots, inputs)
+        known = self.shortcuts.get(shallow)
+        check, self._check_next = self._check_next, False
+        if known is not None and known is not _SHARED and not check and random.getrandbits(VERIFY_BITS):
+            return known
+        route = self.route(structure_key(roots, inputs))
+        if route.decided == "eager":
+            if known is None:
+                self.shortcuts[shallow] = route
+            elif known is not route:
+                self.shortcuts[shallow] = _SHARED
+        elif known is not None and known is not _SHARED:
+            self.shortcuts[shallow] = _SHARED
+        return route
+
+    def eager_shortcut(self, root):
+        """The eager-decided route of the backward from the one tensor `root` (no `inputs=`)
+        by its shallow key alone, or None: for a shared key, or on the random calls where
+        `for_backward` must check the full key."""
+        route = self.shortcuts.get((type(root.grad_fn), 0))
+        if route is None or route is _SHARED:
+            return None
+        if not random.getrandbits(VERIFY_BITS):
+            self._check_next = True  # the draw is made: `for_backward` walks this call
+            return None
+        return route
 
     def route(self, key) -> Route:
         route = self.routes.get(key)
@@ -160,6 +211,7 @@ class Routes:
                 # Structures that change every few steps never finish measuring: forget the
                 # undecided ones rather than grow without bound.
                 self.routes = {k: r for k, r in self.routes.items() if r.decided is not None}
+                self.shortcuts.clear()
             route = self.routes[key] = Route()
         return route
 
@@ -169,6 +221,7 @@ class Routes:
 
     def clear(self) -> None:
         self.routes.clear()
+        self.shortcuts.clear()
         self.awake = False
 
 

@@ -2,6 +2,7 @@
 by measurement, without changing a gradient; `camlir.profile()` attributes the time."""
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -167,6 +168,83 @@ def test_structure_key_names_the_graph_not_the_values():
     assert key((a,)) != key((c,)), "a different node"
     assert key((a,)) == key((d,)), "a twin model shares the route: no tensor identity in the key"
     assert key((a,)) != key((a,), (lin.weight,)), "inputs= changes what runs"
+
+
+def _steps_against_eager(models, make_loss, steps):
+    """`steps` backward calls of each model in turn under camlir, each compared with eager on
+    a twin (grads zeroed each step)."""
+    for _ in range(steps):
+        for model, reference in models:
+            for m in (model, reference):
+                m.zero_grad(set_to_none=True)
+            make_loss(reference).backward()
+            with camlir.enable():
+                make_loss(model).backward()
+            for p, r in zip(model.parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, r.grad)
+
+
+def _twins(make):
+    torch.manual_seed(0)
+    model = make()
+    reference = make()
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
+def test_an_eager_route_is_found_by_its_shallow_key_and_a_look_alike_is_told_apart(monkeypatch):
+    random.seed(0)  # the checks are drawn at random: fixed here, so the test is repeatable
+    x = torch.randn(6, 8)
+    a = _twins(lambda: torch.nn.Linear(8, 4))
+    loss_a = lambda m: m(x).sum()  # noqa: E731 - root SumBackward0
+    b = _twins(lambda: torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh()))
+    loss_b = lambda m: m(x).sum()  # noqa: E731 - the same root type, another structure
+    _steps_against_eager([a], loss_a, 2)  # captured (the routing table wakes), then routed
+    routes = graph_choice.routes
+    [route] = routes.routes.values()
+    route.to_eager("test: decided for the eager engine")
+
+    walks = []
+    full_key = graph_choice.structure_key
+    monkeypatch.setattr(graph_choice, "structure_key", lambda *args: (walks.append(1), full_key(*args))[1])
+    eager_before = camlir.counters["eager_runs"]
+    _steps_against_eager([a], loss_a, 64)
+    assert camlir.counters["eager_runs"] == eager_before + 64
+    assert 1 <= len(walks) < 24, f"{len(walks)} full walks for 64 calls: the shallow key should serve most"
+    assert routes.shortcuts[(type(a[0](x).sum().grad_fn), 0)] is route
+
+    # B shares A's shallow key. Until a random check walks B's graph it runs on the eager
+    # engine too (exact); then the shallow key is marked shared and B gets its own route.
+    captures = camlir.counters["captures"]
+    _steps_against_eager([b], loss_b, 200)  # P(never checked) = (15/16)**200 ~ 2.5e-6
+    assert routes.shortcuts[(type(a[0](x).sum().grad_fn), 0)] is graph_choice._SHARED
+    assert camlir.counters["captures"] > captures, "B was captured and compiled once told apart"
+    walks.clear()
+    _steps_against_eager([a, b], loss_a, 4)
+    assert len(walks) == 8, "a shared shallow key always walks"
+
+
+def test_enable_is_a_context_and_a_decorator_and_checks_its_arguments():
+    with pytest.raises(ValueError, match="unknown camlir backend 'tpu'"):
+        camlir.enable(backend="tpu")
+    with pytest.raises(ValueError, match="dynamic must be None, True or False"):
+        camlir.enable(dynamic="yes")
+    model, reference = _twins(lambda: torch.nn.Linear(8, 4))
+    x = torch.randn(6, 8)
+
+    @camlir.enable(backend="eager")
+    def step(m):
+        m(x).sum().backward()
+
+    step(model)
+    reference(x).sum().backward()
+    torch.testing.assert_close(model.weight.grad, reference.weight.grad)
+    assert camlir.counters["captures"] == 1
+    scope = camlir.enable()
+    with scope:
+        with scope:  # the same scope object, nested
+            assert torch.autograd.backward is not camlir.capture.engine._original_backward
+    assert torch.autograd.backward is camlir.capture.engine._original_backward, "unpatched when unused"
 
 
 def test_new_leaves_every_step_share_one_route_and_the_table_is_bounded(monkeypatch):

@@ -212,6 +212,32 @@ def test_backward_inside_a_compiled_function_compiles_natively(each_backend, cap
     torch._dynamo.reset()
 
 
+def test_dynamo_never_enters_camlirs_wrapper():
+    # camlir's backward wrapper (capture/dynamo_off.py) is a graph break at trace time, and at
+    # run time Dynamo must not try its frame: it did when only marked, breaking again on
+    # `set_eval_frame` inside it (an extra graph break and frame per call).
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    torch._dynamo.reset()
+    dynamo_counters.clear()
+    model = torch.nn.Linear(4, 1)
+    x = torch.randn(5, 4)
+
+    @torch.compile(backend="aot_eager")
+    def train(x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+
+    with camlir.enable():
+        train(x)
+        train(x)
+    breaks = dict(dynamo_counters["graph_break"])
+    assert breaks and all("backward()" in reason for reason in breaks), breaks
+    assert camlir.counters["compiles"] >= 1 and camlir.counters["fallbacks"] == 0
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", ["leaky_relu", "where_mask"])
 def test_fuzzer_found_wrong_gradients(each_backend, name):
     # leaky_relu: torch-mlir lowered its backward as the forward's shape (camlir decomposes
