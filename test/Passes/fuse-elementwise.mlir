@@ -113,3 +113,41 @@ func.func private @transposed_operand(%g: tensor<3x2xf32>, %w: tensor<8x2xf32>) 
   %mm = linalg.matmul ins(%g, %t : tensor<3x2xf32>, tensor<2x8xf32>) outs(%f : tensor<3x8xf32>) -> tensor<3x8xf32>
   return %mm : tensor<3x8xf32>
 }
+
+// -----
+
+// A weight gradient's `t(view(g))` of a 3-D `g` (W3's linear layers): torch-mlir lowers it
+// as a 3-D transpose behind a collapse_shape. The matmul reads `g` regrouped as its 2-D
+// transpose instead, so no transpose loop is left.
+// CHECK-LABEL: func.func private @transposed_3d_operand
+// CHECK-NOT: linalg.transpose
+// CHECK: %[[G:.*]] = tensor.collapse_shape %arg0 {{\[}}[0, 1], [2]] : tensor<2x4x6xf32> into tensor<8x6xf32>
+// CHECK: linalg.matmul indexing_maps = [#{{.*}}, #{{.*}}, #{{.*}}] ins(%[[G]], %arg1 : tensor<8x6xf32>, tensor<8x5xf32>)
+func.func private @transposed_3d_operand(%g: tensor<2x4x6xf32>, %x: tensor<8x5xf32>) -> tensor<6x5xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<6x8xf32>
+  %ex = tensor.expand_shape %e [[0], [1, 2]] output_shape [6, 2, 4] : tensor<6x8xf32> into tensor<6x2x4xf32>
+  %t = linalg.transpose ins(%g : tensor<2x4x6xf32>) outs(%ex : tensor<6x2x4xf32>) permutation = [2, 0, 1]
+  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<6x2x4xf32> into tensor<6x8xf32>
+  %e2 = tensor.empty() : tensor<6x5xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<6x5xf32>) -> tensor<6x5xf32>
+  %mm = linalg.matmul ins(%c, %x : tensor<6x8xf32>, tensor<8x5xf32>) outs(%f : tensor<6x5xf32>) -> tensor<6x5xf32>
+  return %mm : tensor<6x5xf32>
+}
+
+// -----
+
+// Not a swap of two runs of dims (the leading dims change order): the transpose stays.
+// CHECK-LABEL: func.func private @mixed_3d_transpose
+// CHECK: linalg.transpose
+// CHECK: linalg.matmul ins(
+func.func private @mixed_3d_transpose(%g: tensor<2x4x6xf32>, %x: tensor<8x5xf32>) -> tensor<6x5xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<6x4x2xf32>
+  %t = linalg.transpose ins(%g : tensor<2x4x6xf32>) outs(%e : tensor<6x4x2xf32>) permutation = [2, 1, 0]
+  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<6x4x2xf32> into tensor<6x8xf32>
+  %e2 = tensor.empty() : tensor<6x5xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<6x5xf32>) -> tensor<6x5xf32>
+  %mm = linalg.matmul ins(%c, %x : tensor<6x8xf32>, tensor<8x5xf32>) outs(%f : tensor<6x5xf32>) -> tensor<6x5xf32>
+  return %mm : tensor<6x5xf32>
+}
