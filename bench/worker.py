@@ -65,6 +65,14 @@ class Variant:
         self.notes = _Notes()
         if name == "eager":
             self.context = contextlib.nullcontext
+        elif name == "eager_tuned":
+            # The eager engine with the malloc thresholds camlir sets for its own programs
+            # (camlir/backends/cpu/malloc_tuning.py): what that tuning alone is worth.
+            from camlir.backends.cpu import malloc_tuning
+
+            if not malloc_tuning.apply():
+                raise RuntimeError("eager_tuned: malloc tuning is not available here (glibc only)")
+            self.context = contextlib.nullcontext
         elif name == "ca_inductor":
             from torch._dynamo import compiled_autograd
 

@@ -258,12 +258,15 @@ def _reassociation(op) -> list:
 
 
 def _untransposed(v: ir.Value):
-    """`v` as the 2-D transpose of a value that exists without a copy, or None: the operand
-    of a 2-D `linalg.transpose`, or, for `collapse_shape(transpose(x, p), [[..k-1], [k..]])`
-    where `p` moves x's trailing dims `m..` in front of its leading ones `..m-1` (each run in
-    order), `collapse_shape(x, [[..m-1], [m..]])`. The second form is how a weight gradient's
-    `t(view(g))` of a 3-D `g` reaches a matmul (W3's linear layers: the transpose, copied,
-    cost 5.4 ms of a 12.4 ms kernel)."""
+    """`v` as the 2-D transpose of a value that is cheaper to make, or None:
+    - the operand of a 2-D `linalg.transpose` (no copy);
+    - for `collapse_shape(transpose(x, p), [rows, cols])`, `x`'s dims in the order `q`
+      (`p` with its `cols` dims moved in front of its `rows` dims), collapsed to
+      `[cols, rows]`. Where `q` is the identity that is `x` regrouped, no copy: a weight
+      gradient's `t(view(g))` of a 3-D `g` (W3's linear layers; the transpose, copied, cost
+      5.4 ms of a 12.4 ms kernel). Else it is taken only where `q` keeps `x`'s innermost
+      dim innermost and `p` does not: a copy in contiguous runs instead of a strided one
+      (W3's in-projection weight gradient, `p` = [0, 4, 3, 1, 2] on 3x128x8x1x256)."""
     owner = v.owner
     if not isinstance(owner, ir.OpView):
         return None
@@ -278,24 +281,39 @@ def _untransposed(v: ir.Value):
         return None
     transpose = inner.operation
     perm = _permutation(transpose)
-    n, k = len(perm), len(groups[0])
-    m = n - k
-    if not 0 < m < n or perm != list(range(m, n)) + list(range(m)):
-        return None
     x = transpose.operands[0]
-    shape = ir.RankedTensorType(x.type).shape
+    x_type = ir.RankedTensorType(x.type)
+    shape = list(x_type.shape)
     if any(d == ir.ShapedType.get_dynamic_size() for d in shape):
         return None
+    n, k = len(perm), len(groups[0])
+    order = perm[k:] + perm[:k]
+    if order != list(range(n)) and not (_keeps_innermost(order, shape) and not _keeps_innermost(perm, shape)):
+        return None
     rows = cols = 1
-    for d in shape[:m]:
-        rows *= d
-    for d in shape[m:]:
-        cols *= d
+    for d in order[:n - k]:
+        rows *= shape[d]
+    for d in order[n - k:]:
+        cols *= shape[d]
+    i64 = ir.IntegerType.get_signless(64)
     with op.context, op.location, ir.InsertionPoint(op):
-        regroup = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
-                                                      for i in group]) for group in (range(m), range(m, n))])
-        target = ir.RankedTensorType.get([rows, cols], ir.RankedTensorType(x.type).element_type)
+        if order != list(range(n)):
+            init = tensor.EmptyOp([shape[d] for d in order], x_type.element_type).result
+            x = linalg.transpose(x, outs=[init], permutation=order)
+        regroup = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in group])
+                                    for group in (range(n - k), range(n - k, n))])
+        target = ir.RankedTensorType.get([rows, cols], x_type.element_type)
         return tensor.CollapseShapeOp(target, x, regroup).result
+
+
+def _keeps_innermost(perm: list, shape: list) -> bool:
+    """Whether `transpose(x, perm)` of an `x` of `shape` keeps its innermost dim (size 1
+    dims aside) innermost: then it copies contiguous runs, else it reads with a stride."""
+    real = [d for d in range(len(shape)) if shape[d] != 1]
+    if not real:
+        return True
+    placed = [d for d in perm if shape[d] != 1]
+    return placed[-1] == real[-1]
 
 
 def fold_transposes(module: ir.Module) -> int:

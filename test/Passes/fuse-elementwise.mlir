@@ -137,17 +137,39 @@ func.func private @transposed_3d_operand(%g: tensor<2x4x6xf32>, %x: tensor<8x5xf
 
 // -----
 
-// Not a swap of two runs of dims (the leading dims change order): the transpose stays.
-// CHECK-LABEL: func.func private @mixed_3d_transpose
-// CHECK: linalg.transpose
+// Neither this transpose nor the one of the swapped order keeps x's innermost dim innermost:
+// both copies would be strided, so the transpose stays as it is.
+// CHECK-LABEL: func.func private @strided_either_way
+// CHECK: linalg.transpose ins(%arg0 : tensor<2x4x6xf32>) outs(%{{.*}} : tensor<4x6x2xf32>) permutation = [1, 2, 0]
 // CHECK: linalg.matmul ins(
-func.func private @mixed_3d_transpose(%g: tensor<2x4x6xf32>, %x: tensor<8x5xf32>) -> tensor<6x5xf32> attributes {ca.kernel} {
+func.func private @strided_either_way(%g: tensor<2x4x6xf32>, %x: tensor<12x5xf32>) -> tensor<4x5xf32> attributes {ca.kernel} {
   %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<6x4x2xf32>
-  %t = linalg.transpose ins(%g : tensor<2x4x6xf32>) outs(%e : tensor<6x4x2xf32>) permutation = [2, 1, 0]
-  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<6x4x2xf32> into tensor<6x8xf32>
-  %e2 = tensor.empty() : tensor<6x5xf32>
-  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<6x5xf32>) -> tensor<6x5xf32>
-  %mm = linalg.matmul ins(%c, %x : tensor<6x8xf32>, tensor<8x5xf32>) outs(%f : tensor<6x5xf32>) -> tensor<6x5xf32>
-  return %mm : tensor<6x5xf32>
+  %e = tensor.empty() : tensor<4x6x2xf32>
+  %t = linalg.transpose ins(%g : tensor<2x4x6xf32>) outs(%e : tensor<4x6x2xf32>) permutation = [1, 2, 0]
+  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<4x6x2xf32> into tensor<4x12xf32>
+  %e2 = tensor.empty() : tensor<4x5xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<4x5xf32>) -> tensor<4x5xf32>
+  %mm = linalg.matmul ins(%c, %x : tensor<4x12xf32>, tensor<12x5xf32>) outs(%f : tensor<4x5xf32>) -> tensor<4x5xf32>
+  return %mm : tensor<4x5xf32>
+}
+
+// -----
+
+// W3's in-projection weight gradient: rows (s, j) and columns (a, b) of x[s, a, b, j], a
+// transpose that reads x with a stride. The matmul reads instead the transpose of x's dims
+// in the order (a, b, s, j), which copies contiguous runs of j.
+// CHECK-LABEL: func.func private @strided_transpose_operand
+// CHECK: %[[T:.*]] = linalg.transpose ins(%arg0 : tensor<3x4x2x5xf32>) outs(%{{.*}} : tensor<4x2x3x5xf32>) permutation = [1, 2, 0, 3]
+// CHECK-NOT: linalg.transpose
+// CHECK: %[[G:.*]] = tensor.collapse_shape %[[T]] {{\[}}[0, 1], [2, 3]] : tensor<4x2x3x5xf32> into tensor<8x15xf32>
+// CHECK: linalg.matmul indexing_maps = [#{{.*}}, #{{.*}}, #{{.*}}] ins(%[[G]], %arg1 : tensor<8x15xf32>, tensor<8x6xf32>)
+func.func private @strided_transpose_operand(%x: tensor<3x4x2x5xf32>, %y: tensor<8x6xf32>) -> tensor<15x6xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<3x5x4x2xf32>
+  %t = linalg.transpose ins(%x : tensor<3x4x2x5xf32>) outs(%e : tensor<3x5x4x2xf32>) permutation = [0, 3, 1, 2]
+  %c = tensor.collapse_shape %t [[0, 1], [2, 3]] : tensor<3x5x4x2xf32> into tensor<15x8xf32>
+  %e2 = tensor.empty() : tensor<15x6xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<15x6xf32>) -> tensor<15x6xf32>
+  %mm = linalg.matmul ins(%c, %y : tensor<15x8xf32>, tensor<8x6xf32>) outs(%f : tensor<15x6xf32>) -> tensor<15x6xf32>
+  return %mm : tensor<15x6xf32>
 }

@@ -16,7 +16,7 @@ import torch
 from torch._dynamo.external_utils import call_accumulate_grad
 from torch_mlir import ir
 
-from camlir.backends.cpu import choice
+from camlir.backends.cpu import choice, malloc_tuning
 from camlir.backends.eager import ALIAS, InterpreterError, Runtime, compile_block
 from camlir.dialects.ca.ir_helpers import defining_op
 from camlir.passes.lower_to_linalg import TWIN_ATTR
@@ -49,6 +49,7 @@ class CpuProgram:
         for step in self.program.steps:  # a decided choice puts its pick in the step itself
             if isinstance(step.fn, choice.KernelChoice):
                 step.fn.step = step
+        malloc_tuning.apply()  # before the first native program runs (once per process)
 
     def _extra(self, op: ir.Operation):
         if op.name == "ca.accumulate_grad" and _fresh_and_private(op.operands[1]):
