@@ -200,3 +200,70 @@ def test_backward_inside_a_backward_left_to_pytorch_does_not_hang(backend):
     assert x.grad.requires_grad  # create_graph kept the graph of the gradient
     for diff in inner:  # the inner backward's gradients were exact as well
         torch.testing.assert_close(diff, torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_custom_backward_that_writes_outside_runs_for_real(backend):
+    # A custom Function's backward that stores what it sees in an enclosing variable or
+    # appends to an outside list (test_checkpointing_without_reentrant_saved_object_identity,
+    # test_reentrant_priority): the re-trace ran it once on fake tensors, so the variable held
+    # a FakeTensor and later backwards never appended. Such a backward is refused before it
+    # runs; PyTorch runs it, every call, with the real tensors.
+    seen = []
+    last = None
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(y)
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            nonlocal last
+            (last,) = ctx.saved_tensors
+            seen.append(g.clone())
+            return g * 3, None
+
+    a = torch.tensor([1.0, 2.0], requires_grad=True)
+    b = torch.tensor([4.0, 5.0], requires_grad=True)
+    for step in range(3):
+        with camlir.enable(backend=backend):
+            (Keep.apply(a, b) * (step + 1)).sum().backward()
+        assert last is b, f"step {step}: the backward saw {type(last).__name__}, not the saved tensor"
+    assert [s.tolist() for s in seen] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    torch.testing.assert_close(a.grad, torch.full((2,), 18.0))
+    assert camlir.counters["fallbacks"] == 1 and camlir.counters["eager_runs"] == 2
+    with pytest.raises(camlir.UnsupportedError, match="writes 'last' of an enclosing function"):
+        with camlir.enable(backend=backend, fullgraph=True):
+            Keep.apply(a, b).sum().backward()
+
+
+def test_pure_custom_backward_still_compiles():
+    # Writes to ctx and to the backward's own locals (a list it builds, a helper it defines)
+    # are not outside writes.
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.k = 2.0
+            return x * ctx.k
+
+        @staticmethod
+        def backward(ctx, g):
+            parts = []
+            total = 0
+
+            def add(v):
+                nonlocal total
+                total = v
+
+            add(g)
+            parts.append(total * ctx.k)
+            ctx.used = True
+            return parts[0]
+
+    x = torch.randn(3, requires_grad=True)
+    with camlir.enable(backend="cpu", fullgraph=True):
+        Scale.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    assert camlir.counters["compiles"] == 1 and camlir.counters["fallbacks"] == 0

@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from camlir.cache import ValueGuard
 
 from . import leaves  # noqa: F401  (registers the camlir:: ops)
+from .backward_effects import BackwardWritesOutside, outside_writes
 from .baked_values import BakedValueRefused, RecordingCtx
 from .decompositions import decomposition_table
 
@@ -184,7 +185,13 @@ class _Retracer(fx.Interpreter):
         if target is call_backward:
             ctx, saved, *grads = args
             recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
-            grads = recording._forward_cls.backward(recording, *grads)
+            backward = recording._forward_cls.backward
+            writes = outside_writes(backward)
+            if writes is not None:  # checked before it runs: on fake tensors, once, it would do it wrong
+                raise BackwardWritesOutside(
+                    f"the backward of {recording._forward_cls.__name__} {writes}; run once at trace time on "
+                    f"fake tensors, that would never happen on the calls that follow")
+            grads = backward(recording, *grads)
             return grads if isinstance(grads, tuple) else (grads,)
         if target is torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks:
             return torch.ops.camlir.cpp_tensor_pre_hook(int(args[0]), args[1])  # never run at trace time
