@@ -36,6 +36,7 @@ from bench.worker import HEADER, write_frame  # noqa: E402  (no torch import)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_VARIANTS = ("eager", "ca_inductor", "camlir_cpu")
 RTOL, ATOL = 1e-4, 1e-5
+SPIN_GAP_S = 0.01  # idle time before each timed backward with 2+ threads (see run_group)
 
 
 class Settings:
@@ -196,6 +197,11 @@ def run_group(workload: str, threads: int, variants: list, settings: Settings, l
         while alive:
             k = rounds % len(alive)
             for v in alive[k:] + alive[:k]:
+                if threads > 1:
+                    # The previous worker's OpenMP threads spin for a while after its backward
+                    # and hold a core: without this pause the 2-thread times were bimodal for
+                    # every variant (CNN: p25 ~2 ms, p75 ~6 ms), the median falling on either.
+                    time.sleep(SPIN_GAP_S)
                 try:
                     rows[v]["times_ns"].append(workers[v].request({"cmd": "step"}, settings.step_timeout)["ns"])
                 except WorkerError as exc:
