@@ -8,7 +8,7 @@ import torch
 
 from . import compiled, ddp
 from .capture import engine
-from .settings import Settings, check_backend, config, scoped  # noqa: F401 - config is re-exported as camlir.config
+from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config
 from .stats import counters
 
 engine.set_compiler(compiled.CompiledBackward)
@@ -32,20 +32,25 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
     """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir:
     `with camlir.enable(): ...`, or `@camlir.enable()` on a function. Bad arguments raise a
     ValueError here."""
+    try:
+        scope = _scopes.get((backend, fullgraph, dynamic))
+    except TypeError:  # an unhashable argument: never valid, said below
+        scope = None
+    if scope is not None:
+        return scope
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
-    if backend is not None:
-        check_backend(backend)
-    key = (backend, fullgraph, dynamic)
-    settings = _settings.get(key)
-    if settings is None:
-        settings = Settings(backend, fullgraph, dynamic)
-        if len(_settings) < 64:  # one per distinct argument set; keeps its resolved cache warm
-            _settings[key] = settings
-    return scoped(settings)
+    scope = scoped(Settings(backend, fullgraph, dynamic))  # checks the backend
+    if len(_scopes) < 64:
+        _scopes[(backend, fullgraph, dynamic)] = scope
+    return scope
 
 
-_settings: dict = {}
+# One scope per distinct argument set, handed out again: a scope keeps no state of its own
+# (entering pushes its settings on the calling thread's stack), so one object may be open
+# on several threads or nested, and its resolved settings stay cached. `with enable():`
+# around every backward then costs a dict lookup, not a new scope.
+_scopes: dict = {}
 
 
 def clear_disk_cache() -> int:

@@ -134,9 +134,10 @@ _listeners: list = []
 
 
 def _stack() -> list:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
 
 
 def active_settings() -> Optional[Settings]:

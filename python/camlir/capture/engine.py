@@ -60,8 +60,10 @@ def refresh_patch() -> None:
     """Installs the backward wrapper while anything uses camlir, removes it otherwise."""
     with _lock:
         wanted = in_use()
-        torch.autograd.backward = _camlir_backward if wanted else _original_backward
-        torch.autograd.grad = _camlir_grad if wanted else _original_grad
+        backward = _camlir_backward if wanted else _original_backward
+        if torch.autograd.backward is not backward:
+            torch.autograd.backward = backward
+            torch.autograd.grad = _camlir_grad if wanted else _original_grad
 
 
 class _ReasonCollector(logging.Handler):
@@ -226,12 +228,14 @@ def _tensors(value) -> tuple:
         return ()
 
 
+_PROXY_MODE, _FAKE_MODE = torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE
+_dispatch_mode = torch._C._get_dispatch_mode
+
+
 def _tracing() -> bool:
     """Whether a tracer's proxy or fake-tensor mode is active: then the autograd call is
     being recorded into someone's graph, not run, and camlir must stay out of it."""
-    key = torch._C._TorchDispatchModeKey
-    return (torch._C._get_dispatch_mode(key.PROXY) is not None
-            or torch._C._get_dispatch_mode(key.FAKE) is not None)
+    return _dispatch_mode(_PROXY_MODE) is not None or _dispatch_mode(_FAKE_MODE) is not None
 
 
 def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False,
