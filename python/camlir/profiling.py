@@ -11,8 +11,9 @@ driver and program), camlir's program alone, and each step of the program's host
 a native kernel (`kernel @backward_kernel_3`), an op kept on the host and run through
 torch (`host aten.convolution_backward`), a Python hook (`hook 2 (tensor_pre_hook)`), an
 accumulation into `.grad`. The table attributes the backward's time to them, so a miss
-against eager can be explained with numbers. Timing a step costs ~0.3 us; without an
-active profile nothing is timed.
+against eager can be explained with numbers, and counts the minor page faults the backward
+calls took (they were most of W3's time outside its GEMMs, docs/speed.md). Timing a step
+costs ~0.3 us; without an active profile nothing is timed.
 
 `CA_LOGS=perf` profiles the whole process and logs the table at exit.
 
@@ -24,6 +25,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+import time
+
+try:
+    import resource  # POSIX only
+except ImportError:  # pragma: no cover - Windows: no fault counts
+    resource = None
 from typing import Optional
 
 _lock = threading.Lock()
@@ -42,6 +49,7 @@ class Profile:
         self.backwards = 0
         self.backward_seconds = 0.0
         self.program_seconds = 0.0
+        self.page_faults = 0  # minor page faults of this process during the backward calls
 
     def add_step(self, label: str, seconds: float) -> None:
         entry = self.steps.get(label)
@@ -51,10 +59,13 @@ class Profile:
             entry[0] += 1
             entry[1] += seconds
 
-    def add_backward(self, seconds: float) -> None:
+    def add_backward(self, since: tuple) -> None:
+        """Adds one backward call that started at `since` (a `clock()` reading)."""
+        seconds, faults = time.perf_counter() - since[0], _minor_faults() - since[1]
         with _lock:
             self.backwards += 1
             self.backward_seconds += seconds
+            self.page_faults += faults
 
     def add_program(self, seconds: float) -> None:
         with _lock:
@@ -63,7 +74,7 @@ class Profile:
     def as_dict(self) -> dict:
         """The totals and the steps, for code (`{"steps": {label: {"calls", "seconds"}}, ...}`)."""
         return {"backwards": self.backwards, "backward_seconds": self.backward_seconds,
-                "program_seconds": self.program_seconds,
+                "program_seconds": self.program_seconds, "page_faults": self.page_faults,
                 "steps": {k: {"calls": c, "seconds": s} for k, (c, s) in self.steps.items()}}
 
     def table(self, top: int = 25) -> str:
@@ -76,6 +87,8 @@ class Profile:
                  f"  camlir's program: {1e3 * self.program_seconds:.2f} ms ({self.program_seconds / total:.0%}); "
                  f"outside it (autograd engine, PyTorch's compiled-autograd runtime, camlir's driver): "
                  f"{1e3 * outside:.2f} ms ({outside / total:.0%})",
+                 f"  minor page faults during the backward calls: {self.page_faults / n:.0f} each (a page "
+                 f"the kernel zeroes and maps, ~1-2 us; see docs/speed.md, \"Page faults\")",
                  f"  {'step':<48} {'calls':>7} {'total ms':>10} {'us/call':>10} {'share':>7}"]
         ranked = sorted(self.steps.items(), key=lambda kv: -kv[1][1])
         for label, (calls, seconds) in ranked[:top]:
@@ -85,6 +98,15 @@ class Profile:
             rest = sum(s for _, (_, s) in ranked[top:])
             lines.append(f"  {'(' + str(len(ranked) - top) + ' more steps)':<48} {'':>7} {1e3 * rest:>10.3f}")
         return "\n".join(lines)
+
+
+def clock() -> tuple:
+    """A reading for `Profile.add_backward`: the time and this process's minor page faults."""
+    return time.perf_counter(), _minor_faults()
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
 def current() -> Optional[Profile]:

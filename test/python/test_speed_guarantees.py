@@ -275,7 +275,24 @@ def test_profile_attributes_the_backward():
     assert 0 < step_total <= prof.program_seconds <= prof.backward_seconds
     table = prof.table()
     assert "5 backward calls" in table and kernels[0] in table
+    assert "minor page faults during the backward calls" in table and prof.as_dict()["page_faults"] >= 0
     assert camlir.profiling.current() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason="POSIX page faults")
+def test_profile_counts_the_page_faults_of_a_backward():
+    # Page faults were most of W3's time outside its GEMMs (docs/speed.md); the profile must
+    # show them. Touching 32 MB of fresh pages between the readings takes one fault per page.
+    from camlir.profiling import Profile, clock
+
+    prof = Profile()
+    since = clock()
+    pages = (32 << 20) // os.sysconf("SC_PAGE_SIZE")
+    buf = bytearray(32 << 20)
+    buf[::os.sysconf("SC_PAGE_SIZE")] = b"\x01" * pages
+    prof.add_backward(since)
+    assert prof.page_faults >= 0.9 * pages, (prof.page_faults, pages)
+    assert prof.backwards == 1 and prof.backward_seconds > 0
 
 
 def test_ca_logs_perf_prints_the_table_at_exit(tmp_path):

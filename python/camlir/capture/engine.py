@@ -279,7 +279,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     _local.ran = False
     _local.graph = None
     profile = profiling.current()
-    start = time.perf_counter() if profile is not None else 0.0
+    start = profiling.clock() if profile is not None else None
     try:
         with _one_at_a_time:
             routed = graph_choice.routes.awake and not settings.fullgraph
@@ -321,7 +321,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     finally:
         _local.inside = False
         if profile is not None:
-            profile.add_backward(time.perf_counter() - start)
+            profile.add_backward(start)
 
 
 def _captured(call: Callable, settings):
@@ -387,7 +387,7 @@ def _eager_now(call: Callable):
     runs plain), profiled, with its `at_end` callbacks run. One function, not `_run`'s
     layers: each Python call here costs ~1 us next to a backward (measured on W1)."""
     profile = profiling.current()
-    start = time.perf_counter() if profile is not None else 0.0
+    start = profiling.clock() if profile is not None else None
     _local.at_end = []
     try:
         with _one_at_a_time:
@@ -402,7 +402,7 @@ def _eager_now(call: Callable):
         raise
     finally:
         if profile is not None:
-            profile.add_backward(time.perf_counter() - start)
+            profile.add_backward(start)
     if _local.at_end:
         _ended(failed=False)
     return result
@@ -411,14 +411,14 @@ def _eager_now(call: Callable):
 def _eager_inside(call: Callable, route):
     """`_eager`, marked as inside camlir (a backward its hooks start runs plain), profiled."""
     profile = profiling.current()
-    start = time.perf_counter() if profile is not None else 0.0
+    start = profiling.clock() if profile is not None else None
     _local.inside = True
     try:
         return _eager(call, route)
     finally:
         _local.inside = False
         if profile is not None:
-            profile.add_backward(time.perf_counter() - start)
+            profile.add_backward(start)
 
 
 def _decide(route, which: str, seconds: float) -> None:
