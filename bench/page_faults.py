@@ -63,7 +63,8 @@ def measure(workload: str, threads: int, camlir: bool, tuned: bool, warmup: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list:
+    """Prints the table; returns its rows as (workload, variant, backward ms, faults per step)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="W3", help="comma-separated bench workloads (bench/workloads.py)")
     parser.add_argument("--threads", type=int, default=1)
@@ -72,10 +73,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     print("| workload | variant | backward ms | minor page faults per step |")
     print("|---|---|---|---|")
+    rows = []
     for workload in args.workloads.split(","):
         for name, camlir, tuned in ROWS:
             row = measure(workload, args.threads, camlir, tuned, args.warmup, args.steps)
+            rows.append((workload, name, row["ms"], row["faults"]))
             print(f"| {workload} | {name} | {row['ms']:.1f} | {row['faults']:.0f} |", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark harness (bench/): W1, one thread, eager and camlir_cpu, --quick."""
+"""Smoke tests of the benchmark harness (bench/) on W1: bench.run --quick (eager, eager_tuned,
+camlir_cpu), compile time, memory, page faults."""
 
 import math
 import os
@@ -14,9 +15,9 @@ def test_bench_quick_w1(tmp_path):
 
     out = tmp_path / "bench.md"
     rows = run.main(["--workloads", "W1", "--threads", "1", "--quick",
-                     "--variants", "eager,camlir_cpu", "--out", str(out)])
+                     "--variants", "eager,eager_tuned,camlir_cpu", "--out", str(out)])
     by_variant = {row["variant"]: row for row in rows}
-    assert set(by_variant) == {"eager", "camlir_cpu"}
+    assert set(by_variant) == {"eager", "eager_tuned", "camlir_cpu"}
     for variant, row in by_variant.items():
         assert row["error"] is None, (variant, row["error"])
         assert row["correct"] == "ok", (variant, row["correct"])
@@ -50,3 +51,14 @@ def test_memory_w1():
     assert [r[0].strip() for r in rows][-2:] == ["camlir's first backward", "three more"]
     peaks = [float(r[2]) for r in rows]
     assert all(b >= a for a, b in zip(peaks, peaks[1:]))  # a peak never goes down
+
+
+def test_page_faults_w1():
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from bench import page_faults
+
+    rows = page_faults.main(["--workloads", "W1", "--warmup", "2", "--steps", "3"])
+    assert [r[1] for r in rows] == ["eager", "eager tuned", "camlir untuned", "camlir"]
+    for _, variant, ms, faults in rows:
+        assert 0 < ms < 1000 and faults >= 0, (variant, ms, faults)
