@@ -184,7 +184,7 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
     if graph_choice.routes.shortcuts and inputs is None and not create_graph:
         route = _eager_by_shortcut(tensors)
         if route is not None:
-            return _eager_now(call)
+            return _eager_now(call, route)
     roots = _tensors(tensors)
     return _run_to_end("backward()", call, create_graph, roots=roots, inputs=_tensors(inputs),
                        vmapped=lambda: _under_vmap(roots, _tensors(grad_tensors if grad_tensors is not None
@@ -381,30 +381,18 @@ def _eager_by_shortcut(root):
     return graph_choice.routes.eager_shortcut(root)
 
 
-def _eager_now(call: Callable):
-    """An outermost backward whose route is decided for the eager engine (so nothing is
-    timed): in turn with other backwards, marked as inside camlir (a backward its hooks start
-    runs plain), profiled, with its `at_end` callbacks run. One function, not `_run`'s
-    layers: each Python call here costs ~1 us next to a backward (measured on W1)."""
-    profile = profiling.current()
-    start = profiling.clock() if profile is not None else None
+def _eager_now(call: Callable, route):
+    """An outermost backward whose route `_eager_by_shortcut` found decided for the eager
+    engine: in turn with other backwards, then `_eager_inside`, then its `at_end` callbacks
+    (what `_run_to_end` and `_run` would do, without their checks)."""
     _local.at_end = []
     try:
         with _one_at_a_time:
-            _local.inside = True
-            try:
-                result = call()
-            finally:
-                _local.inside = False
-        counters["eager_runs"] += 1
+            result = _eager_inside(call, route)
     except BaseException:
         _ended(failed=True)
         raise
-    finally:
-        if profile is not None:
-            profile.add_backward(start)
-    if _local.at_end:
-        _ended(failed=False)
+    _ended(failed=False)
     return result
 
 
