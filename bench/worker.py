@@ -217,7 +217,7 @@ class Worker:
         return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes}
 
 
-CAMLIR_WARMUP = 64
+CAMLIR_WARMUP = 80
 
 
 def _maxrss_mb() -> float:

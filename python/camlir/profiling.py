@@ -89,14 +89,14 @@ class Profile:
                  f"{1e3 * outside:.2f} ms ({outside / total:.0%})",
                  f"  minor page faults during the backward calls: {self.page_faults / n:.0f} each (a page "
                  f"the kernel zeroes and maps, ~1-2 us; see docs/speed.md, \"Page faults\")",
-                 f"  {'step':<48} {'calls':>7} {'total ms':>10} {'us/call':>10} {'share':>7}"]
+                 f"  {'step':<56} {'calls':>7} {'total ms':>10} {'us/call':>10} {'share':>7}"]
         ranked = sorted(self.steps.items(), key=lambda kv: -kv[1][1])
         for label, (calls, seconds) in ranked[:top]:
-            lines.append(f"  {label[:48]:<48} {calls:>7} {1e3 * seconds:>10.3f} {1e6 * seconds / calls:>10.1f} "
+            lines.append(f"  {label[:56]:<56} {calls:>7} {1e3 * seconds:>10.3f} {1e6 * seconds / calls:>10.1f} "
                          f"{seconds / total:>7.1%}")
         if len(ranked) > top:
             rest = sum(s for _, (_, s) in ranked[top:])
-            lines.append(f"  {'(' + str(len(ranked) - top) + ' more steps)':<48} {'':>7} {1e3 * rest:>10.3f}")
+            lines.append(f"  {'(' + str(len(ranked) - top) + ' more steps)':<56} {'':>7} {1e3 * rest:>10.3f}")
         return "\n".join(lines)
 
 

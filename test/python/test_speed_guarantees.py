@@ -270,6 +270,8 @@ def test_profile_attributes_the_backward():
     assert prof.backwards == 5
     kernels = [label for label in prof.steps if label.startswith("kernel @")]
     assert kernels and prof.steps[kernels[0]][0] == 5
+    # A kernel's label says what it computes (its torch twin's ops): the MLP's GEMMs show.
+    assert any(" (" in k and "mm" in k.split(" (", 1)[1] for k in kernels), kernels
     assert "accumulate_grad" in " ".join(prof.steps)
     step_total = sum(s for _, s in prof.steps.values())
     assert 0 < step_total <= prof.program_seconds <= prof.backward_seconds

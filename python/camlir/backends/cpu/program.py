@@ -49,6 +49,7 @@ class CpuProgram:
         for step in self.program.steps:  # a decided choice puts its pick in the step itself
             if isinstance(step.fn, choice.KernelChoice):
                 step.fn.step = step
+                step.label = f"{step.label} ({twin_summary(step.fn.twin)})"
         malloc_tuning.apply()  # before the first native program runs (once per process)
 
     def _extra(self, op: ir.Operation):
@@ -89,6 +90,29 @@ def torch_twins(module: ir.Module) -> dict:
                 continue
     return twins
 
+
+def twin_summary(twin, most: int = 3) -> str:
+    """What a kernel computes, for `camlir.profile()`: the aten ops of its torch twin, the
+    most frequent first, overloads dropped (`"mm, add, sum +2"`), glue and views left out. Without it a profile
+    lists `kernel @backward_kernel_21` and the reader has to dump IR to learn it is a GEMM."""
+    counts: dict = {}
+    for step in twin.steps:
+        label = step.label
+        if not label.startswith("host "):
+            continue
+        name = label.removeprefix("host ").removeprefix("aten.").removeprefix("prims.").split(".")[0]
+        if name in _SHAPE_ONLY:
+            continue
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "views"
+    names = sorted(counts, key=lambda n: -counts[n])
+    more = f" +{len(names) - most}" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+_SHAPE_ONLY = frozenset(("view", "_unsafe_view", "reshape", "expand", "permute", "t", "transpose",
+                         "unsqueeze", "squeeze", "slice", "select", "as_strided", "alias", "detach"))
 
 _VIEWS = ("torch.aten.view", "torch.aten._unsafe_view")
 
