@@ -116,6 +116,43 @@ func.func private @transposed_operand(%g: tensor<3x2xf32>, %w: tensor<8x2xf32>) 
 
 // -----
 
+// A bmm's backward multiplies by its saved operands transposed in their last two dims:
+// both transposes become transposed maps on the batch_matmul (BLAS transpose flags).
+// CHECK-DAG: #[[AT:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d3, d1)>
+// CHECK-DAG: #[[BT:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
+// CHECK-LABEL: func.func private @transposed_batch_operands
+// CHECK-NOT: linalg.transpose
+// CHECK: linalg.batch_matmul indexing_maps = [#[[AT]], #[[BT]], #{{.*}}] ins(%arg0, %arg1 : tensor<4x3x5xf32>, tensor<4x7x3xf32>)
+func.func private @transposed_batch_operands(%a: tensor<4x3x5xf32>, %b: tensor<4x7x3xf32>) -> tensor<4x5x7xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %ea = tensor.empty() : tensor<4x5x3xf32>
+  %ta = linalg.transpose ins(%a : tensor<4x3x5xf32>) outs(%ea : tensor<4x5x3xf32>) permutation = [0, 2, 1]
+  %eb = tensor.empty() : tensor<4x3x7xf32>
+  %tb = linalg.transpose ins(%b : tensor<4x7x3xf32>) outs(%eb : tensor<4x3x7xf32>) permutation = [0, 2, 1]
+  %e = tensor.empty() : tensor<4x5x7xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<4x5x7xf32>) -> tensor<4x5x7xf32>
+  %mm = linalg.batch_matmul ins(%ta, %tb : tensor<4x5x3xf32>, tensor<4x3x7xf32>) outs(%f : tensor<4x5x7xf32>) -> tensor<4x5x7xf32>
+  return %mm : tensor<4x5x7xf32>
+}
+
+// -----
+
+// A transpose of the batch dim is not a BLAS flag: it stays a copy.
+// CHECK-LABEL: func.func private @batch_dim_transpose
+// CHECK: linalg.transpose ins(%arg0 : tensor<3x4x5xf32>) outs(%{{.*}} : tensor<4x3x5xf32>) permutation = [1, 0, 2]
+// CHECK: linalg.batch_matmul ins(
+func.func private @batch_dim_transpose(%a: tensor<3x4x5xf32>, %b: tensor<4x5x2xf32>) -> tensor<4x3x2xf32> attributes {ca.kernel} {
+  %zero = arith.constant 0.0 : f32
+  %ea = tensor.empty() : tensor<4x3x5xf32>
+  %ta = linalg.transpose ins(%a : tensor<3x4x5xf32>) outs(%ea : tensor<4x3x5xf32>) permutation = [1, 0, 2]
+  %e = tensor.empty() : tensor<4x3x2xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<4x3x2xf32>) -> tensor<4x3x2xf32>
+  %mm = linalg.batch_matmul ins(%ta, %b : tensor<4x3x5xf32>, tensor<4x5x2xf32>) outs(%f : tensor<4x3x2xf32>) -> tensor<4x3x2xf32>
+  return %mm : tensor<4x3x2xf32>
+}
+
+// -----
+
 // A weight gradient's `t(view(g))` of a 3-D `g` (W3's linear layers): torch-mlir lowers it
 // as a 3-D transpose behind a collapse_shape. The matmul reads `g` regrouped as its 2-D
 // transpose instead, so no transpose loop is left.

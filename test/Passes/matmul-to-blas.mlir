@@ -41,3 +41,35 @@ func.func @ints(%a: memref<4x3xi32>, %b: memref<3x5xi32>, %c: memref<4x5xi32>) {
   linalg.matmul ins(%a, %b : memref<4x3xi32>, memref<3x5xi32>) outs(%c : memref<4x5xi32>)
   return
 }
+
+// -----
+
+// A batch_matmul with an operand's last two dims swapped (ca-fuse-elementwise's fold) gets
+// a 3-D transpose view; ca-define-blas-wrappers gives the batched wrapper one
+// `sgemm_batch_` call for a batch BLAS can read as it is, and a per-matrix loop otherwise.
+// Other maps (here A broadcast over the batch) stay loops.
+// CHECK-LABEL: func.func @bt
+// CHECK: memref.transpose %{{.*}} (d0, d1, d2) -> (d0, d2, d1)
+// CHECK: call @camlir_bgemm_f32
+// CHECK-LABEL: func.func @odd_maps
+// CHECK: linalg.batch_matmul
+// DEF-LABEL: func.func @bt
+// DEF: func.func private @camlir_bgemm_f32(
+// DEF: call @camlir_bgemm_batch_f32
+// DEF: scf.for
+// DEF: call @camlir_gemm_f32
+// DEF: func.func private @camlir_bgemm_batch_f32(
+// DEF: call @sgemm_batch_
+// DEF: func.func private @sgemm_batch_(!llvm.ptr
+#ta = affine_map<(d0, d1, d2, d3) -> (d0, d3, d1)>
+#tb = affine_map<(d0, d1, d2, d3) -> (d0, d3, d2)>
+#tc = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>
+#oa = affine_map<(d0, d1, d2, d3) -> (d1, d3)>
+func.func @bt(%a: memref<2x3x4xf32>, %b: memref<2x3x5xf32>, %c: memref<2x4x5xf32>) {
+  linalg.batch_matmul indexing_maps = [#ta, #tb, #tc] ins(%a, %b : memref<2x3x4xf32>, memref<2x3x5xf32>) outs(%c : memref<2x4x5xf32>)
+  return
+}
+func.func @odd_maps(%a: memref<4x3xf32>, %b: memref<2x3x5xf32>, %c: memref<2x4x5xf32>) {
+  linalg.batch_matmul indexing_maps = [#oa, #tb, #tc] ins(%a, %b : memref<4x3xf32>, memref<2x3x5xf32>) outs(%c : memref<2x4x5xf32>)
+  return
+}

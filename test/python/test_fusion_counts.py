@@ -1,5 +1,7 @@
 """Kernel counts before and after ca-fuse-elementwise, on captured backwards."""
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -119,3 +121,35 @@ def test_attention_in_projection_weight_gradient_matches_eager(tmp_path, monkeyp
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5)
     [blas] = (tmp_path / "graph1").glob("*-blas.mlir")
     assert "permutation = [0, 4, 3, 1, 2]" not in blas.read_text(), "the strided copy is gone"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_bmm_reads_transposed_operands_with_blas_flags(tmp_path, monkeypatch, dtype):
+    # `q @ k.transpose(-1, -2)` and `p @ v`: their backward multiplies by the saved operands
+    # transposed in their last two dims. Those transposes must become the batch_matmul's
+    # maps (BLAS flags), not copies, and the batch must reach `?gemm_batch_` in one call.
+    # The gradients must match eager's, including a batch whose matrices BLAS cannot read
+    # as they are (strided in both dims: the per-matrix loop, packing).
+    monkeypatch.setenv("CA_DUMP_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 5, dtype=dtype, requires_grad=True) for _ in range(3))
+    w = torch.randn(6, 9, 10, dtype=dtype, requires_grad=True)
+
+    def loss(q, k, v, w):
+        p = (q @ k.transpose(-1, -2)).softmax(-1)
+        both_strided = torch.bmm(w[:, ::3, ::2], w[:, 1::3, 1::2].transpose(1, 2))
+        return ((p @ v) ** 2).sum() + both_strided.square().sum()
+
+    ours = [t.detach().clone().requires_grad_() for t in (q, k, v, w)]
+    with camlir.enable(backend="cpu", fullgraph=True):
+        loss(*ours).backward()
+    loss(q, k, v, w).backward()
+    for mine, theirs in zip(ours, (q, k, v, w)):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    [linalg] = (tmp_path / "graph1").glob("*-linalg.mlir")
+    text = linalg.read_text()
+    transposed = re.findall(r"(%\w+) = linalg\.transpose .* permutation = \[0, 2, 1\]", text)
+    bmm_ins = " ".join(re.findall(r"linalg\.batch_matmul .*ins\(([^:]*):", text))
+    assert bmm_ins and not [t for t in transposed if re.search(re.escape(t) + r"\b", bmm_ins)], text
+    [llvm] = (tmp_path / "graph1").glob("*-llvm.mlir")
+    assert ("@sgemm_batch_" if dtype == torch.float32 else "@dgemm_batch_") in llvm.read_text()

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 # Kept in step with jit._BLAS_SYMBOLS (this file imports nothing of camlir's).
-BLAS_SYMBOLS = ("sgemm_", "dgemm_")
+BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
 
 
 def compile_to_object(text: str, opt_level: int = 2) -> bytes:

@@ -25,7 +25,7 @@ import torch
 from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
 
-_BLAS_SYMBOLS = ("sgemm_", "dgemm_")
+_BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
 
 
 def blas_symbols() -> dict:
