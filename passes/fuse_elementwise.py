@@ -55,7 +55,8 @@ class FuseElementwise(CAPass):
        transposed indexing map on the matmul; BLAS reads the operand with the transpose
        flag, as eager PyTorch does, instead of copying it. So does a transpose of more dims
        that a `collapse_shape` makes 2-D, where it swaps two runs of dims (a weight
-       gradient's `t(view(g))` of a 3-D `g`): the matmul reads `g` regrouped.
+       gradient's `t(view(g))` of a 3-D `g`): the matmul reads `g` regrouped. A
+       `batch_matmul` operand transposed in its last two dims (a bmm's backward) likewise.
     5. Canonicalize, which drops the transposes step 4 left without users.
 
     Before:

@@ -7,7 +7,7 @@ backward is mostly BLAS, so camlir can only win by calling the same BLAS, with t
 transpose flags and `beta`, and by doing better around it (fusion, no engine overhead).
 
 The BLAS is the MKL linked into `libtorch_cpu.so`, which exports the Fortran entry points
-`sgemm_`/`dgemm_` (not the CBLAS ones); the cpu backend hands their addresses to the JIT
+`sgemm_`/`dgemm_` and `sgemm_batch_`/`dgemm_batch_` (not the CBLAS ones); the cpu backend hands their addresses to the JIT
 (`camlir.backends.cpu.jit.blas_symbols`), so a kernel calls them with no Python in between, and
 they follow `torch.set_num_threads`. The tensor-level half (a transpose feeding a matmul
 becomes a transposed indexing map) is part of ca-fuse-elementwise.
@@ -33,7 +33,8 @@ class MatmulToBlas(CAPass):
     in the module; `ca-define-blas-wrappers` gives the declarations their bodies (kept apart
     so that the rewrite reads, and is tested, without two hundred lines of wrapper).
 
-    Transposed indexing maps become `memref.transpose` views; a zero `linalg.fill` of the
+    Transposed indexing maps become `memref.transpose` views (for a `batch_matmul`, an
+    operand with its last two dims swapped; other batched maps stay loops); a zero `linalg.fill` of the
     output right before the matmul becomes `beta = 0`; a `ca.alpha` attribute (a scalar
     epilogue folded by ca-fuse-elementwise) becomes the BLAS `alpha`. The wrapper reads the
     strides at run time, picks the transpose flags and leading dimensions, and copies an
@@ -77,7 +78,10 @@ class MatmulToBlas(CAPass):
 class DefineBlasWrappers(CAPass):
     """Gives the `@camlir_gemm_<t>` / `@camlir_bgemm_<t>` declarations left by
     `ca-matmul-to-blas` their bodies (MLIR on memrefs, `scf` and `llvm`), plus their helpers
-    and the declaration of the BLAS entry point (`sgemm_`/`dgemm_`). The wrappers are written
+    and the declaration of the BLAS entry point (`sgemm_`/`dgemm_`). A batch whose matrices
+    BLAS can read as they are goes to `sgemm_batch_`/`dgemm_batch_` in one call, else one
+    gemm per matrix; an output whose rows are not contiguous is computed in a row-major
+    copy (sgemm has no transpose flag for C). The wrappers are written
     with `scf` loops, not linalg, so the loops stage's affine vectorizer (which refuses their
     fully dynamic layouts) leaves them alone.
 
