@@ -18,7 +18,8 @@ oneDNN's batch-norm backward. So:
   compiled backward and the eager engine, the last `BLOCK - WARM` of each block timed, until
   each side has `SAMPLES` timings; the eager engine is kept when its median is below
   `MARGIN` times the compiled one's. Either way the decision is an event
-  (`camlir.explain(kind="choice")`).
+  (`camlir.explain(kind="choice")`). It is taken again on fresh timings after `RECHECK`
+  more calls.
 - A structure whose compiled backward fell back (`CompiledBackward.fallback_reason`) is
   routed to the eager engine from its next call on: a fallback would otherwise run compiled
   autograd's own graph, with compiled autograd's own bugs (issue 10, item 9).
@@ -57,6 +58,11 @@ WARM = 2
 # slow block moves neither median much.
 SAMPLES = 12
 MARGIN = 1.0
+# A decision is taken again, on fresh timings, after RECHECK[i] more calls of the side it
+# chose (the (i+1)-th decision; none after the last): the first is made in a run's first ~64
+# calls, when the machine may still be busy with start-up work, and a training loop runs
+# for thousands. A re-measure runs 24 of its 48 calls on the other side.
+RECHECK = (1000, 10000)
 MAX_ROUTES = 512
 # A shortcut's full key is checked on a random 1 call in 2**VERIFY_BITS (random, not every
 # Nth: two structures alternating with a period that divides N would never be told apart).
@@ -116,7 +122,8 @@ class Route:
     `decided` is then set, with `compiled_s`/`eager_s` the medians it decided on, and
     `reason` says why (for a fallback, the fallback's reason)."""
 
-    __slots__ = ("calls", "decided", "compiled_s", "eager_s", "reason", "graph", "timing", "_compiled", "_eager")
+    __slots__ = ("calls", "decided", "compiled_s", "eager_s", "reason", "graph", "timing", "rounds", "since",
+                 "final", "_compiled", "_eager")
 
     def __init__(self):
         self.calls = 0
@@ -125,6 +132,22 @@ class Route:
         self.compiled_s = self.eager_s = None
         self.reason = ""
         self.graph = 0  # capture id of the compiled backward that served it, when known
+        self.rounds = 0  # decisions taken by timing
+        self.since = 0  # calls run on the decided side since the last decision
+        self.final = False  # decided for correctness (a fallback): never timed again
+        self._compiled, self._eager = [], []
+
+    def due(self) -> bool:
+        """Counts a call run on the decided side; True when the decision is to be taken
+        again (`RECHECK`): the caller then `reopen()`s the route and wakes the table."""
+        self.since += 1
+        return not self.final and 0 < self.rounds <= len(RECHECK) and self.since >= RECHECK[self.rounds - 1]
+
+    def reopen(self) -> None:
+        """Measures both sides again (blocks from the first one, no warm-up calls)."""
+        self.decided = None
+        self.calls = START
+        self.since = 0
         self._compiled, self._eager = [], []
 
     def pick(self) -> str:
@@ -150,6 +173,8 @@ class Route:
         self.compiled_s, self.eager_s = statistics.median(self._compiled), statistics.median(self._eager)
         self.decided = "eager" if self.eager_s < MARGIN * self.compiled_s else "compiled"
         self._compiled = self._eager = None
+        self.rounds += 1
+        self.since = 0
         if self.decided == "eager":
             self.reason = (f"runs on PyTorch's eager engine: {1e3 * self.eager_s:.3f} ms per backward against "
                            f"{1e3 * self.compiled_s:.3f} ms compiled")
@@ -160,7 +185,7 @@ class Route:
 
     def to_eager(self, reason: str) -> None:
         """Routes this structure to the eager engine for good (its compiled backward fell back)."""
-        self.decided, self.reason = "eager", reason
+        self.decided, self.reason, self.final = "eager", reason, True
         self._compiled = self._eager = None
 
 
@@ -172,6 +197,8 @@ class Routes:
         self.shortcuts: dict = {}  # shallow key -> the one eager-decided Route seen with it, or _SHARED
         self._check_next = False  # `eager_shortcut` drew a check: the next `for_backward` walks
         self.awake = False
+        self.asleep_calls = 0  # compiled backwards run while asleep (all decided compiled)
+        self.asleep_rounds = 0
 
     def wake(self) -> None:
         self.awake = True
@@ -191,16 +218,21 @@ class Routes:
                 self.shortcuts[shallow] = route
             elif known is not route:
                 self.shortcuts[shallow] = _SHARED
-        elif known is not None and known is not _SHARED:
+        elif known is not None and known is not _SHARED and known is not route:
             self.shortcuts[shallow] = _SHARED
         return route
+
+    def forget_shortcuts(self, route) -> None:
+        """Drops the shallow keys that name `route` (decided again, for the compiled side)."""
+        for shallow in [k for k, r in self.shortcuts.items() if r is route]:
+            del self.shortcuts[shallow]
 
     def eager_shortcut(self, root):
         """The eager-decided route of the backward from the one tensor `root` (no `inputs=`)
         by its shallow key alone, or None: for a shared key, or on the random calls where
         `for_backward` must check the full key."""
         route = self.shortcuts.get((type(root.grad_fn), 0))
-        if route is None or route is _SHARED:
+        if route is None or route is _SHARED or route.decided != "eager":
             return None
         if not random.getrandbits(VERIFY_BITS):
             self._check_next = True  # the draw is made: `for_backward` walks this call
@@ -221,11 +253,29 @@ class Routes:
     def settle(self) -> None:
         """Sleeps once nothing needs a key: every route decided for the compiled backward."""
         self.awake = not all(r.decided == "compiled" for r in self.routes.values())
+        if not self.awake:
+            self.asleep_calls = 0
+            self.asleep_rounds = min(r.rounds for r in self.routes.values()) if self.routes else 0
+
+    def tick_asleep(self) -> bool:
+        """Counts a compiled backward run while the table sleeps (no key is computed then);
+        True when `RECHECK` says the decisions are to be taken again (`reopen_all`)."""
+        self.asleep_calls += 1
+        return 0 < self.asleep_rounds <= len(RECHECK) and self.asleep_calls >= RECHECK[self.asleep_rounds - 1]
+
+    def reopen_all(self) -> None:
+        """Measures every route decided by timing again, and wakes."""
+        for route in self.routes.values():
+            if not route.final and route.decided == "compiled":
+                route.reopen()
+        self.asleep_rounds = 0
+        self.wake()
 
     def clear(self) -> None:
         self.routes.clear()
         self.shortcuts.clear()
         self.awake = False
+        self.asleep_calls = self.asleep_rounds = 0
 
 
 routes = Routes()

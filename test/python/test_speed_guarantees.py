@@ -131,6 +131,50 @@ def test_a_fast_program_stays_and_the_routes_sleep(monkeypatch):
     assert program is camlir.compiled_programs()[-1][2]
 
 
+def test_a_decision_is_taken_again_after_recheck_calls(monkeypatch):
+    # A choice made in a run's first calls may have been measured while the machine was
+    # busy: it is taken again on fresh timings after RECHECK calls, either way, and not
+    # after the last. Which side is slow is flipped between the rounds.
+    monkeypatch.setattr(graph_choice, "START", 2)
+    monkeypatch.setattr(graph_choice, "RECHECK", (5, 7))
+    model, reference = _mlp(), _mlp()
+    program = _steady_program(model, reference)
+    from camlir.capture import engine
+
+    slow = {"side": "eager"}
+    real_eager, real_call = engine._eager, type(program).__call__
+
+    def eager(call, route):
+        return real_eager(lambda: (slow["side"] == "eager" and time.sleep(0.01), call())[1], route)
+
+    def compiled(self, *a, **k):
+        if slow["side"] == "compiled":
+            time.sleep(0.01)
+        return real_call(self, *a, **k)
+
+    monkeypatch.setattr(engine, "_eager", eager)
+    monkeypatch.setattr(type(program), "__call__", compiled)
+    _accumulating_steps(model, reference, 2 + _choice_calls() + 1)
+    decisions = [e.reason for e in camlir.explain(kind="choice")]
+    assert len(decisions) == 1 and decisions[0].startswith("runs compiled")
+    assert not graph_choice.routes.awake
+
+    slow["side"] = "compiled"
+    _accumulating_steps(model, reference, 5 + _choice_calls() + 1)
+    decisions = [e.reason for e in camlir.explain(kind="choice")]
+    assert len(decisions) == 2 and decisions[1].startswith("runs on PyTorch's eager engine"), decisions
+
+    slow["side"] = "eager"
+    _accumulating_steps(model, reference, 7 + _choice_calls() + 1)
+    decisions = [e.reason for e in camlir.explain(kind="choice")]
+    assert len(decisions) == 3 and decisions[2].startswith("runs compiled"), decisions
+    assert not graph_choice.routes.shortcuts and not graph_choice.routes.awake
+
+    slow["side"] = "compiled"  # no third re-check: the route stays as decided
+    _accumulating_steps(model, reference, 2 * _choice_calls())
+    assert len(camlir.explain(kind="choice")) == 3
+
+
 def test_a_structure_that_fell_back_then_runs_on_the_eager_engine():
     # Sparse gradients are not compiled: the first backward falls back (compiled autograd's own
     # graph runs it), every later one of that structure runs on the eager engine.

@@ -286,6 +286,8 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
             if routed:
                 if route is None:
                     route = graph_choice.routes.for_backward(roots, inputs)
+                if route.decided == "compiled" and route.due() and _timed_choice():
+                    route.reopen()  # the decision is taken again (graph_choice.RECHECK)
                 if route.decided is not None:
                     which = route.decided
                 elif _timed_choice():
@@ -294,6 +296,8 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     which, route.timing = "compiled", False
                 if which == "eager":
                     return _eager(call, route)
+            elif not settings.fullgraph and graph_choice.routes.tick_asleep() and _timed_choice():
+                graph_choice.routes.reopen_all()  # taken again next call (graph_choice.RECHECK)
             timed = route is not None and route.measuring()
             clock = time.perf_counter() if timed else 0.0
             _local.capture_failed = None
@@ -359,6 +363,9 @@ def _timed_choice() -> bool:
 def _eager(call: Callable, route):
     """One backward on the eager engine, for a route that chose it or is timing it."""
     timed = route.measuring()
+    if route.decided is not None and route.due() and _timed_choice():
+        route.reopen()  # this call still runs eagerly; the next ones measure again
+        graph_choice.routes.wake()
     clock = time.perf_counter() if timed else 0.0
     result = call()
     counters["eager_runs"] += 1
@@ -416,6 +423,8 @@ def _decide(route, which: str, seconds: float) -> None:
     events.record(events.Event(graph, "choice", route.reason, "speed", 1e3 * route.compiled_s, 1e3 * route.eager_s))
     if route.decided == "eager":
         logs.log.info("camlir: graph %d %s", graph, route.reason)
+    else:
+        graph_choice.routes.forget_shortcuts(route)  # decided again, the other way
     graph_choice.routes.settle()
 
 
