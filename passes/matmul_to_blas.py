@@ -110,9 +110,10 @@ class DefineBlasWrappers(CAPass):
             fn.erase()
         text = ""
         for elem in elems:
-            text += _GEMM.format(t=elem, p=_ELEM[elem][0])
+            text += _GEMM.format(t=elem, p=_ELEM[elem][0], gemm_args=_gemm_args(elem))
             if f"camlir_bgemm_{elem}" in declared:
-                text += _BGEMM.format(t=elem, p=_ELEM[elem][0])
+                text += _BGEMM.format(t=elem, p=_ELEM[elem][0], gemm_args=_gemm_args(elem),
+                                      batch_args=_by_reference(elem, _BATCH_SLOTS))
         lib = ir.Module.parse(text, module.context)
         body = module.regions[0].blocks[0]
         for op in list(lib.body.operations):
@@ -219,6 +220,30 @@ def _zero_fill_before(op, c):
     return None
 
 
+def _by_reference(t: str, slots: list) -> str:
+    """MLIR that passes scalars the Fortran way (BLAS takes every argument by reference): an
+    `llvm.alloca` and a store per `(slot, value, type)`."""
+    lines = []
+    for slot, value, ty in slots:
+        ty = ty.format(t=t)
+        lines.append(f"  {slot} = llvm.alloca %one x {ty} : (i64) -> !llvm.ptr")
+        lines.append(f"  llvm.store {value}, {slot} : {ty}, !llvm.ptr")
+    return "\n".join(lines)
+
+
+# The arguments every ?gemm_ / ?gemm_batch_ call shares: flags, sizes, leading dims, scalars.
+_GEMM_SLOTS = [("%sTa", "%ta", "i8"), ("%sTb", "%tb", "i8"), ("%sM", "%mi", "i32"), ("%sN", "%ni", "i32"),
+               ("%sK", "%ki", "i32"), ("%sLa", "%la", "i32"), ("%sLb", "%lb", "i32"), ("%sLc", "%lc", "i32"),
+               ("%sAl", "%alpha", "{t}"), ("%sBe", "%beta", "{t}")]
+_BATCH_SLOTS = [("%sG", "%g1", "i32"), ("%sGs", "%nbi", "i32")]  # one group of all the matrices
+
+
+def _gemm_args(t: str) -> str:
+    return ("  %one = arith.constant 1 : i64\n  %mi = arith.index_cast %m : index to i32\n"
+            "  %ni = arith.index_cast %n : index to i32\n  %ki = arith.index_cast %k : index to i32\n"
+            + _by_reference(t, _GEMM_SLOTS))
+
+
 _GEMM = """
 func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?>>,
                                %B: memref<?x?x{t}, strided<[?, ?], offset: ?>>,
@@ -234,30 +259,7 @@ func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?
   %pa, %la, %ta = func.call @camlir_operand_{t}(%Ap) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
   %pb, %lb, %tb = func.call @camlir_operand_{t}(%Bp) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
   %pc, %lc, %tc = func.call @camlir_operand_{t}(%Cc) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
-  %one = arith.constant 1 : i64
-  %mi = arith.index_cast %m : index to i32
-  %ni = arith.index_cast %n : index to i32
-  %ki = arith.index_cast %k : index to i32
-  %sTa = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
-  %sTb = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
-  %sM = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sN = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sK = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLa = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLb = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLc = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sAl = llvm.alloca %one x {t} : (i64) -> !llvm.ptr
-  %sBe = llvm.alloca %one x {t} : (i64) -> !llvm.ptr
-  llvm.store %ta, %sTa : i8, !llvm.ptr
-  llvm.store %tb, %sTb : i8, !llvm.ptr
-  llvm.store %mi, %sM : i32, !llvm.ptr
-  llvm.store %ni, %sN : i32, !llvm.ptr
-  llvm.store %ki, %sK : i32, !llvm.ptr
-  llvm.store %la, %sLa : i32, !llvm.ptr
-  llvm.store %lb, %sLb : i32, !llvm.ptr
-  llvm.store %lc, %sLc : i32, !llvm.ptr
-  llvm.store %alpha, %sAl : {t}, !llvm.ptr
-  llvm.store %beta, %sBe : {t}, !llvm.ptr
+{gemm_args}
   // Row-major C = A B is column-major C^T = B^T A^T: B comes first.
   func.call @{p}gemm_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc)
       : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
@@ -479,36 +481,10 @@ func.func private @camlir_bgemm_batch_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?
   %ppa = llvm.inttoptr %xai : i64 to !llvm.ptr
   %ppb = llvm.inttoptr %xbi : i64 to !llvm.ptr
   %ppc = llvm.inttoptr %xci : i64 to !llvm.ptr
-  %one = arith.constant 1 : i64
-  %mi = arith.index_cast %m : index to i32
-  %ni = arith.index_cast %n : index to i32
-  %ki = arith.index_cast %k : index to i32
+{gemm_args}
   %nbi = arith.index_cast %nb : index to i32
   %g1 = arith.constant 1 : i32
-  %sTa = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
-  %sTb = llvm.alloca %one x i8 : (i64) -> !llvm.ptr
-  %sM = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sN = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sK = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLa = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLb = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sLc = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sAl = llvm.alloca %one x {t} : (i64) -> !llvm.ptr
-  %sBe = llvm.alloca %one x {t} : (i64) -> !llvm.ptr
-  %sG = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  %sGs = llvm.alloca %one x i32 : (i64) -> !llvm.ptr
-  llvm.store %ta, %sTa : i8, !llvm.ptr
-  llvm.store %tb, %sTb : i8, !llvm.ptr
-  llvm.store %mi, %sM : i32, !llvm.ptr
-  llvm.store %ni, %sN : i32, !llvm.ptr
-  llvm.store %ki, %sK : i32, !llvm.ptr
-  llvm.store %la, %sLa : i32, !llvm.ptr
-  llvm.store %lb, %sLb : i32, !llvm.ptr
-  llvm.store %lc, %sLc : i32, !llvm.ptr
-  llvm.store %alpha, %sAl : {t}, !llvm.ptr
-  llvm.store %beta, %sBe : {t}, !llvm.ptr
-  llvm.store %g1, %sG : i32, !llvm.ptr
-  llvm.store %nbi, %sGs : i32, !llvm.ptr
+{batch_args}
   // Row-major C = A B is column-major C^T = B^T A^T: B comes first, as in camlir_gemm.
   func.call @{p}gemm_batch_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %ppb, %sLb, %ppa, %sLa, %sBe, %ppc, %sLc, %sG, %sGs)
       : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
