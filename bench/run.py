@@ -339,7 +339,8 @@ def parse_args(argv):
                              f"(default: {','.join(workloads.DEFAULT)})")
     parser.add_argument("--threads", default="1,2", help="torch.set_num_threads values (default 1,2)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="eager, eager_tuned (eager with camlir's malloc tuning), ca_inductor, camlir_<backend> "
+                        help="eager, eager_tuned (eager with camlir's malloc tuning), eager_after_camlir (eager in a process "
+                             "where camlir compiled the workload once), ca_inductor, camlir_<backend> "
                         "(default: %(default)s)")
     parser.add_argument("--baseline", help="a git revision: adds camlir_cpu@REV, camlir as committed at REV, "
                         "run side by side with the checkout (for before/after measurements)")
@@ -357,9 +358,11 @@ def parse_args(argv):
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if args.baseline:
         args.variants.append(f"camlir_cpu@{args.baseline}")
-    bad = [v for v in args.variants if v not in ("eager", "eager_tuned", "ca_inductor") and not v.startswith("camlir_")]
+    bad = [v for v in args.variants
+           if v not in ("eager", "eager_tuned", "eager_after_camlir", "ca_inductor") and not v.startswith("camlir_")]
     if bad:
-        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, ca_inductor, camlir_<backend>")
+        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, eager_after_camlir, ca_inductor, "
+                     f"camlir_<backend>")
     return args
 
 

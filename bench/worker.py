@@ -73,6 +73,23 @@ class Variant:
             if not malloc_tuning.apply():
                 raise RuntimeError("eager_tuned: malloc tuning is not available here (glibc only)")
             self.context = contextlib.nullcontext
+        elif name == "eager_after_camlir":
+            # A diagnostic: the eager engine in a process where camlir compiled this workload's
+            # backward (start-up and first backward under camlir: its imports, caches and
+            # malloc tuning), every later backward plain. Beside eager_tuned and camlir_cpu it
+            # splits a routed row's cost into what the process costs the eager engine and
+            # what the routing itself costs.
+            import camlir
+
+            under_camlir = [2]
+
+            def context():
+                if under_camlir[0]:
+                    under_camlir[0] -= 1
+                    return camlir.enable(backend="cpu")
+                return contextlib.nullcontext()
+
+            self.context = context
         elif name == "ca_inductor":
             from torch._dynamo import compiled_autograd
 

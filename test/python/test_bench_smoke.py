@@ -1,5 +1,5 @@
 """Smoke tests of the benchmark harness (bench/) on W1: bench.run --quick (eager, eager_tuned,
-camlir_cpu), compile time, memory, page faults."""
+eager_after_camlir, camlir_cpu), compile time, memory, page faults."""
 
 import math
 import os
@@ -15,9 +15,9 @@ def test_bench_quick_w1(tmp_path):
 
     out = tmp_path / "bench.md"
     rows = run.main(["--workloads", "W1", "--threads", "1", "--quick",
-                     "--variants", "eager,eager_tuned,camlir_cpu", "--out", str(out)])
+                     "--variants", "eager,eager_tuned,eager_after_camlir,camlir_cpu", "--out", str(out)])
     by_variant = {row["variant"]: row for row in rows}
-    assert set(by_variant) == {"eager", "eager_tuned", "camlir_cpu"}
+    assert set(by_variant) == {"eager", "eager_tuned", "eager_after_camlir", "camlir_cpu"}
     for variant, row in by_variant.items():
         assert row["error"] is None, (variant, row["error"])
         assert row["correct"] == "ok", (variant, row["correct"])
@@ -26,6 +26,9 @@ def test_bench_quick_w1(tmp_path):
             assert math.isfinite(row[key]) and row[key] > 0, (variant, key, row[key])
         assert row["counters"].get("fallbacks", 0) == 0
     assert by_variant["eager"]["ratio"] == 1.0
+    # eager_after_camlir compiled its first backward with camlir (a compile takes time and
+    # memory), then timed the plain engine.
+    assert by_variant["eager_after_camlir"]["first_s"] > 10 * by_variant["eager"]["first_s"]
     text = out.read_text()
     assert "| W1 | 1 | camlir_cpu |" in text and "python -m bench.run" in text
 
