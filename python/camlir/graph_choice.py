@@ -255,7 +255,8 @@ class Routes:
         self.awake = not all(r.decided == "compiled" for r in self.routes.values())
         if not self.awake:
             self.asleep_calls = 0
-            self.asleep_rounds = min(r.rounds for r in self.routes.values()) if self.routes else 0
+            due = [r.rounds for r in self.routes.values() if r.rounds <= len(RECHECK)]
+            self.asleep_rounds = min(due) if due else 0
 
     def tick_asleep(self) -> bool:
         """Counts a compiled backward run while the table sleeps (no key is computed then);
@@ -266,7 +267,7 @@ class Routes:
     def reopen_all(self) -> None:
         """Measures every route decided by timing again, and wakes."""
         for route in self.routes.values():
-            if not route.final and route.decided == "compiled":
+            if not route.final and route.decided == "compiled" and route.rounds <= len(RECHECK):
                 route.reopen()
         self.asleep_rounds = 0
         self.wake()

@@ -175,6 +175,25 @@ def test_a_decision_is_taken_again_after_recheck_calls(monkeypatch):
     assert len(camlir.explain(kind="choice")) == 3
 
 
+def test_sleeping_routes_are_measured_again_on_their_own_schedule(monkeypatch):
+    # While every route runs compiled no key is computed: calls are counted together, and
+    # only routes whose schedule is not exhausted are measured again; a fallback never is.
+    monkeypatch.setattr(graph_choice, "RECHECK", (3,))
+    routes = graph_choice.Routes()
+    fresh, exhausted = routes.route("fresh"), routes.route("exhausted")
+    for route, rounds in ((fresh, 1), (exhausted, 2)):
+        route.decided, route.rounds = "compiled", rounds
+    routes.settle()
+    assert not routes.awake
+    assert [routes.tick_asleep() for _ in range(3)] == [False, False, True]
+    routes.reopen_all()
+    assert routes.awake and fresh.decided is None and exhausted.decided == "compiled"
+    fallback = graph_choice.Route()
+    fallback.to_eager("fell back")
+    fallback.rounds = 1
+    assert not any(fallback.due() for _ in range(10)) and fallback.decided == "eager"
+
+
 def test_a_structure_that_fell_back_then_runs_on_the_eager_engine():
     # Sparse gradients are not compiled: the first backward falls back (compiled autograd's own
     # graph runs it), every later one of that structure runs on the eager engine.
