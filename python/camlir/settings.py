@@ -165,8 +165,9 @@ def in_use() -> bool:
 
 
 def on_change(callback: Callable[[], None]) -> Callable[[], None]:
-    """Calls `callback()` whenever `config.enabled` is set or a scope opens or closes
-    (after the change, on the thread that made it). Registering twice calls it once."""
+    """Calls `callback()` whenever `config.enabled` is set, the first scope opens or the last
+    one closes (after the change, on the thread that made it). Registering twice calls it
+    once."""
     if callback not in _listeners:
         _listeners.append(callback)
     return callback
@@ -191,15 +192,22 @@ class scoped(contextlib.ContextDecorator):
         self.settings = settings
 
     def __enter__(self):
-        _stack().append(self.settings)
+        stack = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        stack.append(self.settings)
         with _lock:
             _scoped["count"] += 1
-        _notify()
+            first = _scoped["count"] == 1
+        if first:  # only a change of `in_use()` is news to the listeners
+            _notify()
         return None
 
     def __exit__(self, *exc_info):
-        _stack().pop()
+        _local.stack.pop()
         with _lock:
             _scoped["count"] -= 1
-        _notify()
+            last = _scoped["count"] == 0
+        if last:
+            _notify()
         return False
