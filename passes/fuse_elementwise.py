@@ -133,13 +133,8 @@ def _restore_contractions(module: ir.Operation, count: int) -> None:
             name = ir.StringAttr(op.attributes["ca.op"]).value
             a, b, c = op.operands
             with ir.InsertionPoint(op), op.location:
-                if name == "linalg.matmul":
-                    maps = matmul_maps(op) if "indexing_maps" in op.attributes else None
-                    value = linalg.matmul(a, b, outs=[c], indexing_maps=maps) if maps else linalg.matmul(a, b, outs=[c])
-                else:
-                    maps = batch_matmul_maps(op) if "indexing_maps" in op.attributes else None
-                    value = (linalg.batch_matmul(a, b, outs=[c], indexing_maps=maps) if maps
-                             else linalg.batch_matmul(a, b, outs=[c]))
+                maps = contraction_maps(op, name) if "indexing_maps" in op.attributes else None
+                value = _BUILD[name](a, b, outs=[c], indexing_maps=maps)
             new = value.owner
             if "ca.alpha" in op.attributes:
                 new.attributes["ca.alpha"] = op.attributes["ca.alpha"]
@@ -322,23 +317,26 @@ def _keeps_innermost(perm: list, shape: list) -> bool:
 def fold_transposes(module: ir.Module) -> int:
     """`matmul(transpose(a), b)` -> `matmul(a, b)` with a transposed map on the first operand
     (either operand; a transpose of more dims behind a `collapse_shape` too, see
-    `_untransposed`). Returns how many transposes were folded."""
-    folded = _fold_batch_transposes(module)
-    for mm in ops_named(module, "linalg.matmul"):
-        maps = matmul_maps(mm)
+    `_untransposed`). The same for a `batch_matmul` operand transposed in its last two dims:
+    a bmm's backward multiplies by its saved operands so (BERT's attention: 12 copies of
+    16x64x64 per backward before). Returns how many transposes were folded."""
+    folded = 0
+    for mm in ops_named(module, *_CONTRACTIONS):
+        name = mm.name
+        maps = contraction_maps(mm, name)
+        untransposed = _untransposed if name == "linalg.matmul" else _batch_untransposed
         ins = list(mm.operands[:2])
         changed = False
         for i in (0, 1):
-            source = _untransposed(ins[i])
+            source = untransposed(ins[i])
             if source is not None:
                 ins[i] = source
-                maps[i] = _swap_results(maps[i])
+                maps[i] = _swap_last(maps[i])
                 changed = True
         if not changed:
             continue
         with mm.context, mm.location, ir.InsertionPoint(mm):
-            new = linalg.matmul(ins[0], ins[1], outs=[mm.operands[2]],
-                                indexing_maps=maps)
+            new = _BUILD[name](ins[0], ins[1], outs=[mm.operands[2]], indexing_maps=maps)
         if "ca.alpha" in mm.attributes:  # a folded epilogue: part of the matmul's meaning
             new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
         mm.results[0].replace_all_uses_with(new)
@@ -347,61 +345,33 @@ def fold_transposes(module: ir.Module) -> int:
     return folded
 
 
-def _fold_batch_transposes(module: ir.Module) -> int:
-    """`batch_matmul(transpose(a, [0, 2, 1]), b)` -> `batch_matmul(a, b)` with the map of
-    the first operand transposed (either operand): BLAS then reads each matrix with a
-    transpose flag. A bmm's backward multiplies by transposed saved tensors (BERT's
-    attention: 12 such copies of 16x64x64 per backward, ~140 us as copies)."""
-    folded = 0
-    for mm in ops_named(module, "linalg.batch_matmul"):
-        maps = batch_matmul_maps(mm)
-        ins = list(mm.operands[:2])
-        changed = False
-        for i in (0, 1):
-            owner = ins[i].owner
-            if (isinstance(owner, ir.OpView) and owner.operation.name == "linalg.transpose"
-                    and _permutation(owner.operation) == [0, 2, 1]):
-                ins[i] = owner.operation.operands[0]
-                maps[i] = _swap_last(maps[i])
-                changed = True
-        if not changed:
-            continue
-        with mm.context, mm.location, ir.InsertionPoint(mm):
-            new = linalg.batch_matmul(ins[0], ins[1], outs=[mm.operands[2]], indexing_maps=maps)
-        if "ca.alpha" in mm.attributes:
-            new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
-        mm.results[0].replace_all_uses_with(new)
-        mm.erase()
-        folded += 1
-    return folded
+def _batch_untransposed(v: ir.Value):
+    """The operand of a `linalg.transpose` of `v`'s last two dims (a batch of matrices), or None."""
+    owner = v.owner
+    if (isinstance(owner, ir.OpView) and owner.operation.name == "linalg.transpose"
+            and _permutation(owner.operation) == [0, 2, 1]):
+        return owner.operation.operands[0]
+    return None
 
 
-def batch_matmul_maps(mm) -> list:
-    """The three `ir.AffineMap`s (A, B, C) of a `linalg.batch_matmul`, as `matmul_maps`:
-    by default `(b, m, n, k) -> (b, m, k)`, `-> (b, k, n)`, `-> (b, m, n)`."""
+_BUILD = {"linalg.matmul": linalg.matmul, "linalg.batch_matmul": linalg.batch_matmul}
+
+
+def contraction_maps(mm, name: str = "linalg.matmul") -> list:
+    """The three `ir.AffineMap`s (A, B, C) of a `linalg.matmul` or `linalg.batch_matmul`
+    (`name`): its `indexing_maps` attribute when it has one (e.g. a transposed operand), else
+    the default `(m, n, k) -> (m, k)`, `-> (k, n)`, `-> (m, n)`, with a leading batch dim
+    for a batch_matmul."""
     if "indexing_maps" in mm.attributes:
         return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(mm.attributes["indexing_maps"])]
-    d = [ir.AffineDimExpr.get(i) for i in range(4)]
-    return [ir.AffineMap.get(4, 0, [d[0], d[1], d[3]]), ir.AffineMap.get(4, 0, [d[0], d[3], d[2]]),
-            ir.AffineMap.get(4, 0, [d[0], d[1], d[2]])]
+    batch = 1 if name == "linalg.batch_matmul" else 0
+    d = [ir.AffineDimExpr.get(i) for i in range(3 + batch)]
+    b, (m, n, k) = d[:batch], d[batch:]
+    return [ir.AffineMap.get(3 + batch, 0, b + [m, k]), ir.AffineMap.get(3 + batch, 0, b + [k, n]),
+            ir.AffineMap.get(3 + batch, 0, b + [m, n])]
 
 
 def _swap_last(m) -> "ir.AffineMap":
+    """`m` with its last two results swapped: the map of its operand's transpose."""
     exprs = list(m.results)
     return ir.AffineMap.get(m.n_dims, m.n_symbols, exprs[:-2] + [exprs[-1], exprs[-2]])
-
-
-def matmul_maps(mm) -> list:
-    """The three `ir.AffineMap`s (A, B, C) of a `linalg.matmul`: its `indexing_maps`
-    attribute when it has one (e.g. a transposed operand), else the default
-    `(m, n, k) -> (m, k)`, `-> (k, n)`, `-> (m, n)`."""
-    if "indexing_maps" in mm.attributes:
-        return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(mm.attributes["indexing_maps"])]
-    d = [ir.AffineDimExpr.get(i) for i in range(3)]
-    return [ir.AffineMap.get(3, 0, [d[0], d[2]]), ir.AffineMap.get(3, 0, [d[2], d[1]]),
-            ir.AffineMap.get(3, 0, [d[0], d[1]])]
-
-
-def _swap_results(m) -> "ir.AffineMap":
-    exprs = list(m.results)
-    return ir.AffineMap.get(m.n_dims, m.n_symbols, [exprs[1], exprs[0]])

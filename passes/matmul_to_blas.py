@@ -21,7 +21,7 @@ from torch_mlir.dialects import arith, func, memref
 from camlir.dialects.ca.ir_helpers import func_name, funcs, ops_named
 
 from .base import CAPass
-from .fuse_elementwise import batch_matmul_maps, matmul_maps
+from .fuse_elementwise import contraction_maps
 
 _ELEM = {"f32": ("s", 4), "f64": ("d", 8)}
 
@@ -140,7 +140,7 @@ def _batch_transposes(op):
     """(a transposed, b transposed) for a `linalg.batch_matmul` whose maps are the default
     ones or have an operand's last two dims swapped (ca-fuse-elementwise folds transposes
     so); None for any other maps."""
-    maps = [str(m) for m in batch_matmul_maps(op)]
+    maps = [str(m) for m in contraction_maps(op, op.name)]
     d = [ir.AffineDimExpr.get(i) for i in range(4)]
     a_maps = {str(ir.AffineMap.get(4, 0, [d[0], d[1], d[3]])): False, str(ir.AffineMap.get(4, 0, [d[0], d[3], d[1]])): True}
     b_maps = {str(ir.AffineMap.get(4, 0, [d[0], d[3], d[2]])): False, str(ir.AffineMap.get(4, 0, [d[0], d[2], d[3]])): True}
@@ -159,7 +159,7 @@ def _rewrite(op, name: str, batched: bool) -> None:
             if tb:
                 b = _transpose_view(b, 3)
         else:
-            maps = matmul_maps(op)
+            maps = contraction_maps(op)
             if str(maps[0]) == str(ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(2), ir.AffineDimExpr.get(0)])):
                 a = _transpose_view(a)
             if str(maps[1]) == str(ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(1), ir.AffineDimExpr.get(2)])):
