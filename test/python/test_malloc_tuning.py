@@ -33,11 +33,13 @@ def step():
         layer(x).sum().backward()
 for _ in range(3):
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(6):
+per_step = []
+for _ in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6
-print(json.dumps({"after_import": after_import, "applied": malloc_tuning._state["applied"], "faults": faults}))
+    per_step.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"after_import": after_import, "applied": malloc_tuning._state["applied"],
+                  "faults": sorted(per_step)[len(per_step) // 2], "per_step": per_step}))
 """
 
 
@@ -68,8 +70,11 @@ def test_left_alone_when_the_user_says_so(env):
 def test_a_compiled_backward_stops_faulting_its_pages_in():
     # Measured before the tuning: ~3,100-3,500 minor faults per step on this layer (its big
     # temporaries went back to the kernel and were faulted in again); ~80-100 with it.
+    # Untuned, the count is bimodal step to step (glibc's dynamic mmap threshold: some steps
+    # 0, some 5,000-9,000), and a CI run once averaged only ~970 a step over 6 steps; so this
+    # compares the tuned median step (0 on every run seen) and the totals over 12 steps.
     tuned = _run("big")
     untuned = _run("big", CAMLIR_MALLOC_TUNING="0")
     assert tuned["applied"] and not untuned["applied"]
-    assert tuned["faults"] < 400, tuned
-    assert untuned["faults"] > 4 * tuned["faults"], (tuned, untuned)
+    assert tuned["faults"] < 200, tuned
+    assert sum(untuned["per_step"]) > 2 * sum(tuned["per_step"]) + 1000, (tuned, untuned)
