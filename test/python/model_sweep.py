@@ -1,10 +1,11 @@
 """Differential sweep over Hugging Face `transformers` architectures (a long run, not CI).
 
     nice -n 10 .venv/bin/python test/python/model_sweep.py [--models A,B] [--backend cpu|eager]
-        [--timeout 300] [--json out.json] [--keep-cache] [--threads 1]
+        [--attn eager|sdpa] [--timeout 300] [--json out.json] [--keep-cache] [--threads 1]
 
 Each architecture is built from a tiny random config (2 layers, width 32, vocabulary 99,
-nothing downloaded), seeded, and copied. One copy runs its backward with PyTorch's engine,
+nothing downloaded), seeded, and copied. Attention is `eager` (the default) or, with
+`--attn sdpa`, `scaled_dot_product_attention` (transformers' own default). One copy runs its backward with PyTorch's engine,
 the other inside `camlir.enable(backend=...)`. Every parameter gradient is compared with
 `torch.testing.assert_close(rtol=1e-4, atol=1e-5)` and the largest difference is recorded.
 A gradient that fails it is judged as the fuzzer does (docs/fuzzing.md): the step is rerun,
@@ -208,8 +209,9 @@ MODELS = {
 }
 
 
-def build(name):
-    """The model `name` (random weights from a seed, eager attention) and `inputs(step)`, a
+def build(name, attn="eager"):
+    """The model `name` (random weights from a seed, attention `attn`: "eager" or "sdpa") and
+    `inputs(step)`, a
     function returning the keyword arguments of step `step` (seeded by the step: every call
     with the same step gives the same tensors). The forward's output has `.loss`."""
     import torch
@@ -219,7 +221,7 @@ def build(name):
     torch.manual_seed(0)
     model = make(transformers)
     try:
-        model.config._attn_implementation = "eager"
+        model.config._attn_implementation = attn
     except Exception:
         pass
     model.float()
@@ -437,11 +439,12 @@ def _float64_check(model, buffers, kwargs, seed, train, loss, failed, camlir_mod
     return accepted, rejected
 
 
-def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TIMING_CALLS):
+def run_model(name, backend="cpu", steps=STEPS, train_step=True, timing_calls=TIMING_CALLS,
+              attn="eager"):
     """Runs the comparison for `name` in this process; returns a dict (see the module doc).
     Exceptions from camlir's side are reported as result CRASH, not raised."""
     try:
-        model, inputs = build(name)
+        model, inputs = build(name, attn)
     except Exception as err:  # the model itself does not build here
         return _new_record(name, backend, result="eager-failed",
                            error=f"build: {type(err).__name__}: {err}"[:2000])
@@ -601,13 +604,15 @@ def _child(args):
     if args.one not in MODELS:
         raise SystemExit(f"unknown model {args.one}")
     name = args.one
-    record = run_model(name, backend=args.backend)
+    record = run_model(name, backend=args.backend, attn=args.attn)
     record["transformers"] = transformers.__version__
+    record["attn"] = args.attn
     with open(args.out, "w") as f:
         json.dump(record, f)
 
 
-def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=print):
+def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=print,
+          attn="eager"):
     results = []
     cache = None if keep_cache else tempfile.mkdtemp(prefix="camlir-sweep-cache-")
     for name in names:
@@ -617,7 +622,7 @@ def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=pr
         if cache:
             env["CAMLIR_CACHE_DIR"] = cache
         cmd = ["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "--one", name,
-               "--backend", backend, "--out", out, "--threads", str(threads)]
+               "--backend", backend, "--out", out, "--threads", str(threads), "--attn", attn]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -663,6 +668,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", help="comma-separated subset of: " + ",".join(MODELS))
     ap.add_argument("--backend", default="cpu", choices=["cpu", "eager"])
+    ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"],
+                    help="the models' attention implementation (default eager; sdpa: "
+                         "scaled_dot_product_attention, transformers' default)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--json", help="write every record here")
     ap.add_argument("--keep-cache", action="store_true",
@@ -679,7 +687,7 @@ def main(argv=None):
         ap.error(f"unknown models: {unknown}")
     print(HEADER, flush=True)
     results = sweep(names, args.backend, args.timeout, args.keep_cache, args.threads,
-                    log=lambda line: print(line, flush=True))
+                    log=lambda line: print(line, flush=True), attn=args.attn)
     counts = {}
     for r in results:
         counts[r["result"]] = counts.get(r["result"], 0) + 1
