@@ -25,6 +25,8 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  them); f32 exp/erf/tanh as vectorizable polynomials ca-approximate-math
     bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
     blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
+    threads      big parallel generics outlined, to be split over   ca-outline-parallel-loops
+                 torch's OpenMP threads (libgomp's GOMP_parallel)   (forks: ca-define-parallel-forks)
     loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
     llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
                  bf16/f16 conversions with f64 and integers through ca-narrow-float-conversions,
@@ -355,6 +357,7 @@ _TO_LLVM = [
     "finalize-memref-to-llvm",
     "convert-to-llvm",
     "reconcile-unrealized-casts",
+    "ca-define-parallel-forks",  # the threads stage's forks, as GOMP_parallel calls
 ]
 
 
@@ -387,13 +390,21 @@ def _no_bool_vectors(module: ir.Module) -> None:
             raise StageError("loops", "vector access to an i1 buffer (LLVM packs vector<Nxi1> into bits)")
 
 
+def threads(kernel_module: ir.Module, dump: Dump) -> None:
+    """threads: big parallel loop nests outlined, to run split over torch's OpenMP threads
+    (passes/parallel_loops.py); nothing where libgomp is not in the process."""
+    if jit.parallel_runtime():
+        run_stage("threads", kernel_module, ["ca-outline-parallel-loops"], dump)
+
+
 def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
-    """math, bufferize, blas, loops, llvm, jit: a module of linalg-on-tensors kernels (changed
-    in place) to an ExecutionEngine with a `_mlir_ciface_<name>` entry per kernel."""
+    """math, bufferize, blas, threads, loops, llvm, jit: a module of linalg-on-tensors kernels
+    (changed in place) to an ExecutionEngine with a `_mlir_ciface_<name>` entry per kernel."""
     with kernel_module.context, ir.Location.unknown():
         math(kernel_module, dump)
         bufferize(kernel_module, dump, dynamic)
         blas(kernel_module, dump)
+        threads(kernel_module, dump)
         llvm_module = loops_and_llvm(kernel_module, dump)
     try:
         return jit.compile_kernels(llvm_module)

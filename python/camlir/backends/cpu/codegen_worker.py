@@ -16,8 +16,9 @@ import os
 import sys
 import tempfile
 
-# Kept in step with jit._BLAS_SYMBOLS (this file imports nothing of camlir's).
-BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
+# Kept in step with jit._BLAS_SYMBOLS and jit._OMP_SYMBOLS (this file imports nothing of camlir's).
+BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_",
+                "GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 
 
 def compile_to_object(text: str, opt_level: int = 2) -> bytes:

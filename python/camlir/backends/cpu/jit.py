@@ -26,17 +26,41 @@ from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
 
 _BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
+# libgomp's, for the threads stage (passes/parallel_loops.py); reached through
+# libtorch_cpu.so, which links the libgomp torch's OpenMP threads belong to.
+_OMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+_symbols: dict = {}
+
+
+def _torch_cpu():
+    return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
 
 
 def blas_symbols() -> dict:
-    """Native addresses of the BLAS entry points, by symbol name."""
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _BLAS_SYMBOLS}
+    """Native addresses of the BLAS entry points (and of libgomp's, where the process has
+    them: `parallel_runtime`), by symbol name."""
+    if not _symbols:
+        lib = _torch_cpu()
+        found = {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _BLAS_SYMBOLS}
+        try:
+            found.update({name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _OMP_SYMBOLS})
+        except AttributeError:  # a torch built without OpenMP: kernels stay on one thread
+            pass
+        _symbols.update(found)
+    return dict(_symbols)
+
+
+def parallel_runtime() -> bool:
+    """Whether kernels may split loops over torch's OpenMP threads: libgomp is reachable and
+    `CAMLIR_THREADS` is not 0."""
+    if os.environ.get("CAMLIR_THREADS", "1") in ("0", "false", "off"):
+        return False
+    return all(name in blas_symbols() for name in _OMP_SYMBOLS)
 
 
 def jit(module: ir.Module, opt_level: int = 2) -> ExecutionEngine:
     """JIT-compiles an LLVM-dialect module (-O2: -O3 measured no faster to run or to compile,
-    W3: 1.5 s of LLVM codegen either way) and links the BLAS symbols into it."""
+    W3: 1.5 s of LLVM codegen either way) and links the BLAS (and libgomp) symbols into it."""
     engine = ExecutionEngine(module, opt_level=opt_level, enable_pic=True)
     for name, address in blas_symbols().items():
         engine.raw_register_runtime(name, ctypes.c_void_p(address))
@@ -174,6 +198,7 @@ def _split(module: ir.Module, count: int) -> Optional[list]:
         name = ir.StringAttr(op.attributes["sym_name"]).value if op.name == "llvm.func" else ""
         for prefix in _PREFIXES:
             name = name.removeprefix(prefix)
+        name = name.partition("__par")[0]  # a kernel's outlined loops, forks, tasks: with it
         if "_kernel_" in name and len(op.regions[0].blocks):
             kernels.setdefault(name, []).append(op)
         else:

@@ -1,0 +1,97 @@
+"""Loops split over torch's OpenMP threads (passes/parallel_loops.py), against eager.
+
+Each backward runs with 2 (and 3) intra-op threads and the native kernels forced (no torch
+twin, no routing), so the split loops are what computes the gradients. Each case also checks
+that its module really had a loop nest outlined (the `threads` stage's dump), so a change that
+stops splitting fails here instead of passing on one thread."""
+
+import glob
+import os
+
+import pytest
+import torch
+
+import camlir
+from camlir.backends.cpu import jit
+
+pytestmark = pytest.mark.skipif(not jit.parallel_runtime(), reason="no libgomp in this torch")
+
+
+def _gelu_mlp(x, w):
+    return torch.nn.functional.gelu(x @ w).sum()
+
+
+def _softmax_rows(x, w):  # row reductions, odd sizes
+    return (torch.softmax(x, dim=-1) * w).sum()
+
+
+def _layer_norm(x, w):
+    return (torch.nn.functional.layer_norm(x, x.shape[-1:], weight=w) ** 2).sum()
+
+
+def _flat(x, w):  # 1-D, an extent that no block size divides
+    return (torch.sin(x) * x * w).sum()
+
+
+def _broadcast_bias(x, b):  # x's gradient splits by rows; b's reduces over them
+    return torch.tanh(x + b).sum()
+
+
+def _two_rows(x, w):  # fewer rows than threads x grain: some threads get none
+    return (torch.exp(x * 0.01) * w).sum()
+
+
+def _masked(x, w):  # i1 masks in the loops
+    return (torch.where(x > 0, x * 2.0, x * 3.0) * w).pow(2).sum()
+
+
+CASES = {
+    "gelu_mlp": (_gelu_mlp, (96, 512), (512, 384)),
+    "softmax_rows": (_softmax_rows, (301, 257), (301, 257)),
+    "layer_norm": (_layer_norm, (200, 384), (384,)),
+    "flat": (_flat, (100_003,), (100_003,)),
+    "broadcast_bias": (_broadcast_bias, (517, 128), (128,)),
+    "two_rows": (_two_rows, (2, 40_000), (2, 40_000)),
+    "masked": (_masked, (256, 257), (256, 257)),
+}
+
+
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_split_loops_give_eager_gradients(case, dtype, threads, tmp_path, monkeypatch):
+    fn, shape_a, shape_b = CASES[case]
+    monkeypatch.setenv("CAMLIR_KERNEL_CHOICE", "0")
+    monkeypatch.setenv("CAMLIR_GRAPH_CHOICE", "0")
+    monkeypatch.setenv("CAMLIR_DISK_CACHE", "0")
+    monkeypatch.setenv("CA_DUMP_DIR", str(tmp_path))
+    camlir.reset()
+    g = torch.Generator().manual_seed(hash(case) % 1000)
+    a = torch.randn(shape_a, dtype=dtype, generator=g, requires_grad=True)
+    b = torch.randn(shape_b, dtype=dtype, generator=g, requires_grad=True)
+    expected = torch.autograd.grad(fn(a, b), (a, b))
+    for _ in range(2):  # the compile, then the cached program
+        with camlir.enable(backend="cpu", fullgraph=True):
+            got = torch.autograd.grad(fn(a, b), (a, b))
+        for x, y in zip(got, expected):
+            torch.testing.assert_close(x, y)
+    assert camlir.counters["interpreted"] == 0 and camlir.counters["fallbacks"] == 0
+    stages = glob.glob(os.path.join(tmp_path, "graph*", "*-threads.mlir"))
+    assert stages, "no threads stage ran"
+    assert any("ca.parallel_fork" in open(path).read() for path in stages), \
+        f"{case}: no loop nest was outlined to run over the threads"
+
+
+def test_camlir_threads_0_keeps_every_loop_in_its_kernel(monkeypatch):
+    monkeypatch.setenv("CAMLIR_THREADS", "0")
+    assert not jit.parallel_runtime()
+    monkeypatch.setenv("CAMLIR_THREADS", "1")
+    assert jit.parallel_runtime()
