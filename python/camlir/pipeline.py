@@ -394,7 +394,8 @@ def threads(kernel_module: ir.Module, dump: Dump) -> None:
     """threads: big parallel loop nests outlined, to run split over torch's OpenMP threads
     (passes/parallel_loops.py); nothing where libgomp is not in the process."""
     if jit.parallel_runtime():
-        run_stage("threads", kernel_module, ["ca-outline-parallel-loops"], dump)
+        run_stage("threads", kernel_module,
+                  ["ca-outline-parallel-loops{min-elements=%d}" % jit.parallel_min_elements()], dump)
 
 
 def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):

@@ -51,13 +51,14 @@ func.func @rows(%a: memref<16x8xf64>, %r: memref<16xf64>, %scale: f64) attribute
 
 // Left alone: a reduction along the first dimension (a bias gradient), a transposed output
 // (d0 not its outer index), a loop nest under min-elements, a generic that reads a view of
-// the buffer it writes, and functions that are not kernels.
+// the buffer it writes, one that reads d0's index (a thread's block would count from its
+// own first row), and functions that are not kernels.
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #col = affine_map<(d0, d1) -> (d1)>
 #t = affine_map<(d0, d1) -> (d1, d0)>
 // CHECK-LABEL: func.func @kept(
 // CHECK-NOT: call
-// CHECK-COUNT-4: linalg.generic
+// CHECK-COUNT-5: linalg.generic
 // CHECK-NOT: __par
 func.func @kept(%a: memref<8x8xf32>, %bias: memref<8xf32>, %t: memref<8x8xf32>, %small: memref<2x4xf32>) attributes {ca.kernel} {
   linalg.generic {indexing_maps = [#id, #col], iterator_types = ["reduction", "parallel"]}
@@ -83,6 +84,14 @@ func.func @kept(%a: memref<8x8xf32>, %bias: memref<8xf32>, %t: memref<8x8xf32>, 
   ^bb0(%x: f32, %y: f32):
     %s = arith.addf %x, %y : f32
     linalg.yield %s : f32
+  }
+  linalg.generic {indexing_maps = [#id], iterator_types = ["parallel", "parallel"]}
+      outs(%t : memref<8x8xf32>) {
+  ^bb0(%y: f32):
+    %i = linalg.index 0 : index
+    %j = arith.index_cast %i : index to i64
+    %f = arith.sitofp %j : i64 to f32
+    linalg.yield %f : f32
   }
   return
 }

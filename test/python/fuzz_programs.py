@@ -1414,10 +1414,11 @@ def check(seed: int, modes=MODES) -> dict:
 
 def _worker(seeds, modes):
     """Runs in a subprocess: one JSON line per event on stdout."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    threads = int(os.environ.get("CAMLIR_FUZZ_THREADS", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch  # import before the first "begin", so startup is not a program's time
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
 
     import camlir  # noqa: F401
 
@@ -1719,6 +1720,10 @@ def main(argv=None):
     ap.add_argument("--json", help="write every result and the summary here")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes at a time")
     ap.add_argument("--timeout", type=int, default=300, help="seconds one program may take")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads in the workers; with more than 1, loop nests of 8 or more "
+                         "iterations are split over them (CAMLIR_THREADS_MIN_ELEMENTS) and every kernel "
+                         "runs natively (CAMLIR_KERNEL_CHOICE=0), to test the split")
     ap.add_argument("--show", type=int, help="print the program of this seed as a standalone script")
     ap.add_argument("--reduce", type=int, help="minimize this seed's program in the first mode")
     ap.add_argument("--isolated", action="store_true", help="--reduce: each trial in a subprocess")
@@ -1741,6 +1746,10 @@ def main(argv=None):
         print(standalone(program, modes[0]))
         return 0
     seeds = _seeds(args.seeds)
+    if args.threads > 1:  # the workers inherit both
+        os.environ["CAMLIR_FUZZ_THREADS"] = str(args.threads)
+        os.environ.setdefault("CAMLIR_THREADS_MIN_ELEMENTS", "8")
+        os.environ.setdefault("CAMLIR_KERNEL_CHOICE", "0")  # native kernels on every step, not torch twins
     start = time.time()
     counts = {}
 

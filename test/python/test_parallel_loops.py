@@ -45,6 +45,10 @@ def _masked(x, w):  # i1 masks in the loops
     return (torch.where(x > 0, x * 2.0, x * 3.0) * w).pow(2).sum()
 
 
+def _max_dim(x, w):  # its scatter builds indices with linalg.index 0: never split (seed 108)
+    return (x.max(dim=1).values * w).sum()
+
+
 CASES = {
     "gelu_mlp": (_gelu_mlp, (96, 512), (512, 384)),
     "softmax_rows": (_softmax_rows, (301, 257), (301, 257)),
@@ -53,6 +57,7 @@ CASES = {
     "broadcast_bias": (_broadcast_bias, (517, 128), (128,)),
     "two_rows": (_two_rows, (2, 40_000), (2, 40_000)),
     "masked": (_masked, (256, 257), (256, 257)),
+    "max_dim": (_max_dim, (128, 8, 300), (128, 300)),
 }
 
 

@@ -58,6 +58,18 @@ def parallel_runtime() -> bool:
     return all(name in blas_symbols() for name in _OMP_SYMBOLS)
 
 
+def parallel_min_elements() -> int:
+    """The smallest loop nest (in iterations) that the threads stage splits over the threads:
+    32768, the grain below which PyTorch's own elementwise kernels stay on one thread.
+    `CAMLIR_THREADS_MIN_ELEMENTS` overrides it (the fuzzer sets it low, so that the split
+    runs on its small programs)."""
+    value = os.environ.get("CAMLIR_THREADS_MIN_ELEMENTS", "32768")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"CAMLIR_THREADS_MIN_ELEMENTS must be a whole number, got {value!r}") from None
+
+
 def jit(module: ir.Module, opt_level: int = 2) -> ExecutionEngine:
     """JIT-compiles an LLVM-dialect module (-O2: -O3 measured no faster to run or to compile,
     W3: 1.5 s of LLVM codegen either way) and links the BLAS (and libgomp) symbols into it."""
