@@ -207,6 +207,8 @@ def _plan(op: ir.Operation, min_elements: int):
             if _is_constant(v) and v not in uses and v.owner.operation not in constants:
                 if not _defined_inside(v, op):
                     constants.append(v.owner.operation)
+    if any(chunked and _row_bytes(v.type) is None for v, chunked in uses.items()):
+        return None
     values = list(uses)
     for v in captured:
         if v in uses:
@@ -317,12 +319,17 @@ def _rank(t: ir.Type) -> int:
     return ir.MemRefType(t).rank if isinstance(t, ir.MemRefType) else -1
 
 
-def _row_bytes(t: ir.Type) -> int:
+def _row_bytes(t: ir.Type):
+    """Bytes from one row of a memref to the next; None for an element type whose size this
+    pass does not know (complex, ...): such a generic stays in its kernel."""
     m = ir.MemRefType(t)
     element = m.element_type
-    width = element.width if hasattr(element, "width") else (64 if isinstance(element, ir.IndexType) else None)
-    if width is None:
-        raise PassFailure(f"ca-outline-parallel-loops: no byte width for {element}")
+    if isinstance(element, ir.IndexType):
+        width = 64
+    elif isinstance(element, (ir.IntegerType, ir.FloatType)):
+        width = element.width
+    else:
+        return None
     return math.prod(m.shape[1:]) * max(1, (width + 7) // 8)
 
 
