@@ -220,10 +220,12 @@ def build(name, attn="eager"):
     make, kind = MODELS[name]
     torch.manual_seed(0)
     model = make(transformers)
-    try:
+    # set_attn_implementation reaches every submodule's config: T5's encoder and decoder
+    # stacks hold copies of the config, and setting the top one left them on sdpa.
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attn)
+    else:  # older transformers
         model.config._attn_implementation = attn
-    except Exception:
-        pass
     model.float()
 
     def inputs(step):
