@@ -220,12 +220,18 @@ def build(name, attn="eager"):
     make, kind = MODELS[name]
     torch.manual_seed(0)
     model = make(transformers)
-    # set_attn_implementation reaches every submodule's config: T5's encoder and decoder
-    # stacks hold copies of the config, and setting the top one left them on sdpa.
+    # sdpa: transformers' own choice (set_attn_implementation raises for a model without it,
+    # e.g. ResNet; a model without an sdpa path of its own, e.g. BLOOM, runs its eager code).
+    # eager: every module's config as well, since set_attn_implementation leaves a model that
+    # does not use transformers' AttentionInterface (Falcon) as it was, with a warning, and
+    # setting model.config alone left T5's encoder and decoder stacks (copies) on sdpa.
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(attn)
-    else:  # older transformers
-        model.config._attn_implementation = attn
+    if attn == "eager":
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = "eager"
     model.float()
 
     def inputs(step):
