@@ -385,13 +385,20 @@ def opinfo_section() -> str:
 
 
 def main(argv) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--opinfo-only", action="store_true",
+                    help="only the OpInfo section, from docs/opinfo-run.json (no measuring)")
+    ap.add_argument("--stdout", action="store_true", help="print the page instead of writing it")
+    args = ap.parse_args(argv)  # an unknown option (or --help) used to rewrite the whole page
     path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "op-coverage.md")
-    if "--opinfo-only" in argv:  # keep the measured sections, replace the OpInfo one
+    if args.opinfo_only:  # keep the measured sections, replace the OpInfo one
         with open(path) as f:
             text = f.read().split("\n" + OPINFO_HEADING)[0].rstrip("\n") + "\n" + opinfo_section()
     else:
         text = render(*measure(), measure_gaps()) + opinfo_section()
-    if "--stdout" in argv:
+    if args.stdout:
         sys.stdout.write(text)
     else:
         with open(path, "w") as f:
