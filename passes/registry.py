@@ -14,7 +14,7 @@ from .lower_to_linalg import LowerToLinalg
 from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .narrow_float_conversions import NarrowFloatConversions
 from .outline_kernels import OutlineKernels
-from .parallel_loops import DefineParallelForks, OutlineParallelLoops
+from .parallel_loops import BoundParallelLoops, DefineParallelForks, OutlineParallelLoops
 from .register_reductions import RegisterReductions
 from .sink_views import SinkViews
 from .specialize_layouts import SpecializeLayouts
@@ -25,7 +25,7 @@ from .unique_kernel_results import UniqueKernelResults
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, SinkViews,
           LowerToLinalg,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
-          MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, RegisterReductions, NarrowFloatConversions,
+          MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
           ParallelDimsFirst, FlattenParallel)

@@ -333,8 +333,9 @@ _VECTOR_LOOPS = [
     "func.func(affine-super-vectorize{virtual-vector-size=8 vectorize-reductions=true})",
     "lower-affine",
     "func.func(convert-vector-to-scf)",
+    "ca-bound-parallel-loops",  # the threads stage's loop nests: each thread's block only
 ]
-_SCALAR_LOOPS = ["func.func(convert-linalg-to-loops)"]
+_SCALAR_LOOPS = ["func.func(convert-linalg-to-loops)", "ca-bound-parallel-loops"]
 _TO_LLVM = [
     "func.func(convert-linalg-to-loops)",
     "convert-scf-to-cf",
