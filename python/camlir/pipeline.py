@@ -396,7 +396,9 @@ def threads(kernel_module: ir.Module, dump: Dump) -> None:
     (passes/parallel_loops.py); nothing where libgomp is not in the process."""
     if jit.parallel_runtime():
         run_stage("threads", kernel_module,
-                  ["ca-outline-parallel-loops{min-elements=%d}" % jit.parallel_min_elements()], dump)
+                  # named ops (transposes, copies, fills) as generics, so that they split too
+                  ["func.func(linalg-generalize-named-ops)",
+                   "ca-outline-parallel-loops{min-elements=%d}" % jit.parallel_min_elements()], dump)
 
 
 def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
