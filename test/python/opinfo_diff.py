@@ -281,6 +281,17 @@ def _samples(op, n):
     return picked, skipped
 
 
+def _no_machine_paths(text: str) -> str:
+    """A traceback line with this checkout's and the interpreter's directories left out:
+    the report is committed (docs/opinfo-run.json), machine paths are not."""
+    import sysconfig
+
+    for root, name in ((sysconfig.get_paths()["purelib"], "<site-packages>"),
+                       (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "<repo>")):
+        text = text.replace(root, name)
+    return text
+
+
 def run_sample(op, sample, backend: str) -> dict:
     """One (op, sample): eager twice (to check it is reproducible), then through camlir."""
     import camlir
@@ -323,7 +334,7 @@ def run_sample(op, sample, backend: str) -> dict:
 
     if error is not None:
         return {**result, "route": "CRASH", "reason": f"{type(error).__name__}: {_first_line(error)}",
-                "traceback": traceback.format_exception(error)[-6:]}
+                "traceback": [_no_machine_paths(line) for line in traceback.format_exception(error)[-6:]]}
     mismatch = _compare(expected, actual)
     if mismatch is not None:
         result["max_abs_error"] = _max_error(expected, actual)
