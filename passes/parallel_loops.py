@@ -126,14 +126,44 @@ class BoundParallelLoops(CAPass):
 
     def run(self, module: ir.Operation) -> None:
         for fn in funcs(module, lambda f: _LOOP_ATTR in f.attributes):
-            depth = ir.IntegerAttr(fn.attributes[_LOOP_ATTR]).value
+            depth, extent = (ir.IntegerAttr(a).value for a in ir.ArrayAttr(fn.attributes[_LOOP_ATTR]))
             block = fn.regions[0].blocks[0]
             loop = _only_loop(block, fn)
             for _ in range(depth):
                 loop = _only_loop(loop.regions[0].blocks[0], fn)
+            bounds = [_constant(loop.operands[0]), _constant(loop.operands[1])]
+            if bounds != [0, extent]:
+                # Not the loop the outline meant: bounding it could write out of bounds.
+                raise PassFailure(f"@{func_name(fn)}: the loop at depth {depth} runs over {bounds}, not "
+                                  f"[0, {extent}]", fn)
+            step = _constant(loop.operands[2])
+            if step is None:
+                raise PassFailure(f"@{func_name(fn)}: the loop at depth {depth} has no constant step", fn)
+            if step > 1:  # vectorized: blocks must hold whole vectors
+                _widen_grain(module, func_name(fn), step)
             loop.operands[0] = block.arguments[0]
             loop.operands[1] = block.arguments[1]
             del fn.attributes[_LOOP_ATTR]
+
+
+def _widen_grain(module: ir.Operation, body: str, step: int) -> None:
+    """Makes the blocks of `body`'s fork multiples of `step`. The vectorizer wrote the loop for
+    [0, extent) with this step and may have proven its vector accesses in bounds from that:
+    a block starting off the step's grid would write a vector past its end, into the next
+    block (a race) or past the buffer (MobileViT's backward at 3 threads: heap corruption)."""
+    for fork in funcs(module, lambda f: func_name(f) == body + "_fork"):
+        info = list(ir.ArrayAttr(fork.attributes[_FORK_ATTR]))
+        grain = ir.IntegerAttr(info[2]).value
+        with fork.context:
+            info[2] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), grain * step // math.gcd(grain, step))
+            fork.attributes[_FORK_ATTR] = ir.ArrayAttr.get(info)
+
+
+def _constant(v: ir.Value):
+    owner = v.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant":
+        return ir.IntegerAttr(owner.operation.attributes["value"]).value
+    return None
 
 
 def _only_loop(block: ir.Block, fn: ir.Operation) -> ir.Operation:
@@ -338,7 +368,8 @@ def _outline(fn: ir.Operation, op: ir.Operation, plan: _Plan, name: str) -> None
         index = ir.IndexType.get()
         body_fn = func.FuncOp(name, ([index, index] + types, []), ip=ir.InsertionPoint.after(fn))
         i64 = ir.IntegerType.get_signless(64)
-        body_fn.operation.attributes[_LOOP_ATTR] = ir.IntegerAttr.get(i64, plan.depth)
+        body_fn.operation.attributes[_LOOP_ATTR] = ir.ArrayAttr.get(
+            [ir.IntegerAttr.get(i64, plan.depth), ir.IntegerAttr.get(i64, plan.extent)])
         block = body_fn.add_entry_block()
         with ir.InsertionPoint(block):
             mapping = {}

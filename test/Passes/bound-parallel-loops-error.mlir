@@ -3,7 +3,7 @@
 
 // Two loop nests where one was expected: an error, not a loop left whole in every thread.
 // CHECK: @two does not hold one loop nest (2 scf.for at one level)
-func.func @two(%lo: index, %hi: index, %a: memref<8xf32>) attributes {ca.parallel_loop = 0 : i64} {
+func.func @two(%lo: index, %hi: index, %a: memref<8xf32>) attributes {ca.parallel_loop = [0, 8]} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index

@@ -6,7 +6,7 @@
 // CHECK-NOT: ca.parallel_loop
 // CHECK: scf.for %{{.*}} = %c0 to %c8 step %c1 {
 // CHECK: scf.for %{{.*}} = %[[LO]] to %[[HI]] step %c1 {
-func.func @k__par0(%lo: index, %hi: index, %a: memref<8x32xf32>, %b: memref<32xf32>) attributes {ca.parallel_loop = 1 : i64} {
+func.func @k__par0(%lo: index, %hi: index, %a: memref<8x32xf32>, %b: memref<32xf32>) attributes {ca.parallel_loop = [1, 32]} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c8 = arith.constant 8 : index
@@ -21,3 +21,19 @@ func.func @k__par0(%lo: index, %hi: index, %a: memref<8x32xf32>, %b: memref<32xf
   }
   return
 }
+
+// A vectorized loop (step 8) widens its fork's blocks to whole vectors (grain 1 -> 8).
+// CHECK: func.func @v__par0(%[[VLO:[a-z0-9]+]]: index, %[[VHI:[a-z0-9]+]]: index,
+// CHECK: scf.for %{{.*}} = %[[VLO]] to %[[VHI]] step %c8 {
+// CHECK: func.func private @v__par0_fork(memref<64xf32>) attributes {ca.parallel_fork = [@v__par0, 64, 8]}
+func.func @v__par0(%lo: index, %hi: index, %a: memref<64xf32>) attributes {ca.parallel_loop = [0, 64]} {
+  %c0 = arith.constant 0 : index
+  %c8 = arith.constant 8 : index
+  %c64 = arith.constant 64 : index
+  %z = arith.constant dense<0.0> : vector<8xf32>
+  scf.for %i = %c0 to %c64 step %c8 {
+    vector.transfer_write %z, %a[%i] {in_bounds = [true]} : vector<8xf32>, memref<64xf32>
+  }
+  return
+}
+func.func private @v__par0_fork(memref<64xf32>) attributes {ca.parallel_fork = [@v__par0, 64, 1]}

@@ -11,7 +11,7 @@
 // CHECK-LABEL: func.func @k(
 // CHECK-NOT: linalg.generic
 // CHECK: call @k__par0_fork(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (memref<8x4xf32>, memref<4xf32>, memref<f32>, memref<8x4xf32>) -> ()
-// CHECK: func.func @k__par0(%{{.*}}: index, %{{.*}}: index, %[[A:.*]]: memref<8x4xf32>, %[[B:.*]]: memref<4xf32>, %[[G:.*]]: memref<f32>, %[[C:.*]]: memref<8x4xf32>) attributes {ca.parallel_loop = 0 : i64}
+// CHECK: func.func @k__par0(%{{.*}}: index, %{{.*}}: index, %[[A:.*]]: memref<8x4xf32>, %[[B:.*]]: memref<4xf32>, %[[G:.*]]: memref<f32>, %[[C:.*]]: memref<8x4xf32>) attributes {ca.parallel_loop = [0, 8]}
 // CHECK: %[[TWO:.*]] = arith.constant 2.0
 // CHECK: linalg.generic {{.*}} ins(%[[A]], %[[B]], %[[G]] : memref<8x4xf32>, memref<4xf32>, memref<f32>) outs(%[[C]] : memref<8x4xf32>)
 // CHECK: arith.mulf %{{.*}}, %[[TWO]]
@@ -36,7 +36,7 @@ func.func @k(%a: memref<8x4xf32>, %b: memref<4xf32>, %g: memref<f32>, %c: memref
 #out = affine_map<(d0, d1) -> (d0)>
 // CHECK-LABEL: func.func @rows(
 // CHECK: call @rows__par0_fork(%{{.*}}, %{{.*}}, %{{.*}}) : (memref<16x8xf64>, memref<16xf64>, f64) -> ()
-// CHECK: func.func @rows__par0(%{{.*}}: index, %{{.*}}: index, %{{.*}}: memref<16x8xf64>, %{{.*}}: memref<16xf64>, %{{.*}}: f64) attributes {ca.parallel_loop = 0 : i64}
+// CHECK: func.func @rows__par0(%{{.*}}: index, %{{.*}}: index, %{{.*}}: memref<16x8xf64>, %{{.*}}: memref<16xf64>, %{{.*}}: f64) attributes {ca.parallel_loop = [0, 16]}
 // CHECK: ca.parallel_fork = [@rows__par0, 16, 1]
 func.func @rows(%a: memref<16x8xf64>, %r: memref<16xf64>, %scale: f64) attributes {ca.kernel} {
   linalg.generic {indexing_maps = [#id, #out], iterator_types = ["parallel", "reduction"]}
@@ -60,12 +60,12 @@ func.func @rows(%a: memref<16x8xf64>, %r: memref<16xf64>, %scale: f64) attribute
 #t = affine_map<(d0, d1) -> (d1, d0)>
 // CHECK-LABEL: func.func @more(
 // CHECK-COUNT-3: call @more__par
-// CHECK: func.func @more__par2({{.*}}) attributes {ca.parallel_loop = 0 : i64}
+// CHECK: func.func @more__par2({{.*}}) attributes {ca.parallel_loop = [0, 8]}
 // CHECK: linalg.index 0
 // CHECK: ca.parallel_fork = [@more__par2, 8, 1]
-// CHECK: func.func @more__par1({{.*}}) attributes {ca.parallel_loop = 0 : i64}
+// CHECK: func.func @more__par1({{.*}}) attributes {ca.parallel_loop = [0, 8]}
 // CHECK: ca.parallel_fork = [@more__par1, 8, 1]
-// CHECK: func.func @more__par0({{.*}}) attributes {ca.parallel_loop = 1 : i64}
+// CHECK: func.func @more__par0({{.*}}) attributes {ca.parallel_loop = [1, 32]}
 // CHECK: iterator_types = ["reduction", "parallel"]
 // CHECK: ca.parallel_fork = [@more__par0, 32, 16]
 func.func @more(%a: memref<8x32xf32>, %bias: memref<32xf32>, %x: memref<8x8xf32>, %t: memref<8x8xf32>, %i: memref<8x8xf32>) attributes {ca.kernel} {
