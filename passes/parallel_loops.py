@@ -28,7 +28,8 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
-from camlir.dialects.ca.ir_helpers import func_name, funcs, is_kernel, live_values, top_level_ops
+from camlir.dialects.ca.ir_helpers import (func_name, funcs, is_inside, is_kernel, live_values, ops_matching,
+                                           top_level_ops)
 
 from .base import CAPass, PassFailure
 
@@ -304,7 +305,7 @@ def _plan(op: ir.Operation, min_elements: int):
     constants = []
     for inner in _region_ops(op):
         for v in inner.operands:
-            if _is_constant(v) and not _defined_inside(v, op) and v.owner.operation not in constants:
+            if _is_constant(v) and not is_inside(v.owner.operation, op) and v.owner.operation not in constants:
                 constants.append(v.owner.operation)
     grain = 16 if k == len(iterators) - 1 else 1
     return _Plan(k, ranges[k], grain, values, constants)
@@ -321,15 +322,8 @@ def _indexed_by(amap: ir.AffineMap, k: int) -> bool:
 
 
 def _region_ops(op: ir.Operation) -> list:
-    found = []
-
-    def visit(inner):
-        if inner.operation != op:
-            found.append(inner.operation)
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
+    """Every op nested in `op`'s regions, in pre-order."""
+    return ops_matching(op, lambda inner: inner != op)
 
 
 _PURE_PREFIXES = ("arith.", "math.", "linalg.yield", "linalg.index", "memref.load", "memref.dim",
@@ -345,15 +339,6 @@ def _region_only_reads(op: ir.Operation) -> bool:
 def _is_constant(v: ir.Value) -> bool:
     owner = v.owner
     return isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant"
-
-
-def _defined_inside(v: ir.Value, op: ir.Operation) -> bool:
-    parent = v.owner.operation.parent
-    while parent is not None:
-        if parent == op:
-            return True
-        parent = parent.parent
-    return False
 
 
 def _root(v: ir.Value):
