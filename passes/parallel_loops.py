@@ -42,7 +42,6 @@ _RUNTIME = {  # libgomp's entry points the tasks call
     "omp_get_thread_num": "!llvm.func<i32 ()>",
     "omp_get_num_threads": "!llvm.func<i32 ()>",
 }
-RUNTIME_SYMBOLS = tuple(_RUNTIME)
 
 
 @dataclasses.dataclass(frozen=True)
