@@ -34,7 +34,7 @@ from camlir.dialects.ca.ir_helpers import (func_name, funcs, is_inside, is_kerne
 from .base import CAPass, PassFailure
 
 _FORK_ATTR = "ca.parallel_fork"  # on a fork declaration: [body, extent, grain]
-_LOOP_ATTR = "ca.parallel_loop"  # on an outlined function: the depth of the loop its bounds limit
+_LOOP_ATTR = "ca.parallel_loop"  # on an outlined function: [depth of the loop its bounds limit, its extent]
 _VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
           "memref.cast", "memref.transpose", "memref.view")
 _RUNTIME = {  # libgomp's entry points the tasks call
@@ -76,7 +76,7 @@ class OutlineParallelLoops(CAPass):
       return
     }
     func.func @k__par0(%lo: index, %hi: index, %a: memref<8x4xf32>, %b: memref<8x4xf32>)
-        attributes {ca.parallel_loop = 0 : i64} {
+        attributes {ca.parallel_loop = [0, 8]} {
       linalg.generic ... ins(%a : memref<8x4xf32>) outs(%b : memref<8x4xf32>) { ... }
       return
     }
@@ -111,7 +111,7 @@ class BoundParallelLoops(CAPass):
 
     Before:
     ```mlir
-    func.func @k__par0(%lo: index, %hi: index, %a: memref<8x4xf32>, ...) attributes {ca.parallel_loop = 0 : i64} {
+    func.func @k__par0(%lo: index, %hi: index, %a: memref<8x4xf32>, ...) attributes {ca.parallel_loop = [0, 8]} {
       scf.for %i = %c0 to %c8 step %c1 { ... }
     ```
     After:
@@ -150,7 +150,7 @@ def _widen_grain(module: ir.Operation, body: str, step: int) -> None:
     """Makes the blocks of `body`'s fork multiples of `step`. The vectorizer wrote the loop for
     [0, extent) with this step and may have proven its vector accesses in bounds from that:
     a block starting off the step's grid would write a vector past its end, into the next
-    block (a race) or past the buffer (MobileViT's backward at 3 threads: heap corruption)."""
+    block (a race) or past the buffer (MobileViT's backward at 2 threads: heap corruption)."""
     for fork in funcs(module, lambda f: func_name(f) == body + "_fork"):
         info = list(ir.ArrayAttr(fork.attributes[_FORK_ATTR]))
         grain = ir.IntegerAttr(info[2]).value
