@@ -292,13 +292,14 @@ def _plan(op: ir.Operation, min_elements: int):
     for v in operands:
         if v not in values:
             values.append(v)
+    region_reads = {v for inner in _region_ops(op) for v in inner.operands
+                    if isinstance(v.type, ir.MemRefType) and not is_inside(_defining(v), op)}
+    if any(_root(v) in roots_out for v in region_reads):
+        return None  # the region loads from a buffer the generic writes: other blocks' rows
     for v in captured:
         if v in values:
             continue
-        if isinstance(v.type, ir.MemRefType):
-            if _root(v) in roots_out:
-                return None
-        elif not isinstance(v.type, (ir.IntegerType, ir.FloatType, ir.IndexType)):
+        if not isinstance(v.type, (ir.MemRefType, ir.IntegerType, ir.FloatType, ir.IndexType)):
             return None
         values.append(v)
     constants = []
@@ -338,6 +339,12 @@ def _region_only_reads(op: ir.Operation) -> bool:
 def _is_constant(v: ir.Value) -> bool:
     owner = v.owner
     return isinstance(owner, ir.OpView) and owner.operation.name == "arith.constant"
+
+
+def _defining(v: ir.Value) -> ir.Operation:
+    """The op that defines `v`, or for a block argument the op whose region holds it."""
+    owner = v.owner
+    return owner.operation if isinstance(owner, ir.OpView) else owner.owner
 
 
 def _root(v: ir.Value):

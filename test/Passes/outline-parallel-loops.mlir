@@ -95,12 +95,13 @@ func.func @more(%a: memref<8x32xf32>, %bias: memref<32xf32>, %x: memref<8x8xf32>
 
 // Left alone: a loop nest under min-elements; an output the split dimension does not index
 // (every block would write it); a generic that reads another view of the buffer it writes;
-// one whose region stores to memory; and functions that are not kernels.
+// one whose region stores to memory; one whose region loads from the buffer it writes (a
+// row another block may be writing); and functions that are not kernels.
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #col = affine_map<(d0, d1) -> (d1)>
 // CHECK-LABEL: func.func @kept(
 // CHECK-NOT: call
-// CHECK-COUNT-4: linalg.generic
+// CHECK-COUNT-5: linalg.generic
 // CHECK-NOT: __par
 func.func @kept(%a: memref<8x8xf32>, %r: memref<8xf32>, %t: memref<8x8xf32>, %small: memref<2x4xf32>, %m: memref<8xf32>) attributes {ca.kernel} {
   linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
@@ -127,6 +128,17 @@ func.func @kept(%a: memref<8x8xf32>, %r: memref<8xf32>, %t: memref<8x8xf32>, %sm
     %c0 = arith.constant 0 : index
     memref.store %x, %m[%c0] : memref<8xf32>
     linalg.yield %x : f32
+  }
+  linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : memref<8x8xf32>) outs(%t : memref<8x8xf32>) {
+  ^bb0(%x: f32, %y: f32):
+    %i = linalg.index 0 : index
+    %c7 = arith.constant 7 : index
+    %j = arith.subi %c7, %i : index
+    %c0 = arith.constant 0 : index
+    %o = memref.load %t[%j, %c0] : memref<8x8xf32>
+    %s = arith.addf %x, %o : f32
+    linalg.yield %s : f32
   }
   return
 }
