@@ -28,20 +28,16 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
-from camlir.dialects.ca.ir_helpers import (func_name, funcs, is_inside, is_kernel, live_values, ops_matching,
-                                           top_level_ops)
+from camlir.dialects.ca.ir_helpers import (func_name, funcs, is_inside, is_kernel, live_values, memref_root,
+                                           ops_matching, top_level_ops)
 
 from .base import CAPass, PassFailure
 
 _FORK_ATTR = "ca.parallel_fork"  # on a fork declaration: [body, extent, grain]
 _LOOP_ATTR = "ca.parallel_loop"  # on an outlined function: [depth of the loop its bounds limit, its extent]
-_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
-          "memref.cast", "memref.transpose", "memref.view")
-_RUNTIME = {  # libgomp's entry points the tasks call
-    "GOMP_parallel": "!llvm.func<void (ptr, ptr, i32, i32)>",
-    "omp_get_thread_num": "!llvm.func<i32 ()>",
-    "omp_get_num_threads": "!llvm.func<i32 ()>",
-}
+_RUNTIME = ("llvm.func @GOMP_parallel(!llvm.ptr, !llvm.ptr, i32, i32)",  # libgomp's, what the tasks call
+            "llvm.func @omp_get_thread_num() -> i32",
+            "llvm.func @omp_get_num_threads() -> i32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +212,7 @@ class DefineParallelForks(CAPass):
         functions = {ir.StringAttr(op.attributes["sym_name"]).value: op
                      for op in top_level_ops(module) if op.name == "llvm.func"}
         # The new functions parse as a module of their own: it declares what they call.
-        declared = [f"llvm.func @{name}() -> i32" if sig.endswith("i32 ()>") else
-                    "llvm.func @GOMP_parallel(!llvm.ptr, !llvm.ptr, i32, i32)" for name, sig in _RUNTIME.items()]
+        declared = list(_RUNTIME)
         defined = []
         for fork in forks:
             body, text = _fork_text(fork, functions)
@@ -281,9 +276,9 @@ def _plan(op: ir.Operation, min_elements: int):
         return None  # an output element that more than one block would write
     if not _region_only_reads(op):
         return None
-    roots_out = {_root(v) for v in outs}
+    roots_out = {memref_root(v) for v in outs}
     for value, amap in zip(operands[:len(operands) - n_outs], maps):
-        if _root(value) in roots_out:
+        if memref_root(value) in roots_out:
             same = [m for v, m in zip(outs, out_maps) if v == value]
             if not same or any(str(m) != str(amap) for m in same):
                 return None  # reads, in another order, a buffer it writes
@@ -294,7 +289,7 @@ def _plan(op: ir.Operation, min_elements: int):
             values.append(v)
     region_reads = {v for inner in _region_ops(op) for v in inner.operands
                     if isinstance(v.type, ir.MemRefType) and not is_inside(_defining(v), op)}
-    if any(_root(v) in roots_out for v in region_reads):
+    if any(memref_root(v) in roots_out for v in region_reads):
         return None  # the region loads from a buffer the generic writes: other blocks' rows
     for v in captured:
         if v in values:
@@ -345,12 +340,6 @@ def _defining(v: ir.Value) -> ir.Operation:
     """The op that defines `v`, or for a block argument the op whose region holds it."""
     owner = v.owner
     return owner.operation if isinstance(owner, ir.OpView) else owner.owner
-
-
-def _root(v: ir.Value):
-    while isinstance(v.owner, ir.OpView) and v.owner.operation.name in _VIEWS:
-        v = v.owner.operation.operands[0]
-    return v
 
 
 def _outline(fn: ir.Operation, op: ir.Operation, plan: _Plan, name: str) -> None:

@@ -6,13 +6,9 @@ from typing import Optional
 from torch_mlir import ir
 from torch_mlir.dialects import affine
 
-from camlir.dialects.ca.ir_helpers import ops_matching, ops_named
+from camlir.dialects.ca.ir_helpers import memref_root, ops_matching, ops_named
 
 from .base import CAPass
-
-# Ops that only look through to another memref's memory.
-_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
-          "memref.cast", "memref.transpose", "memref.view")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +63,6 @@ class RegisterReductions(CAPass):
                 loop = _rewrite(loop)
 
 
-def _root(value: ir.Value) -> ir.Value:
-    """The buffer a memref value looks into, through view-like ops."""
-    while isinstance(value.owner, ir.OpView) and value.owner.operation.name in _VIEWS:
-        value = value.owner.operation.operands[0]
-    return value
-
-
 def _defined_outside(value: ir.Value, loop: ir.Operation) -> bool:
     """Whether `value` is defined outside `loop` (so it is the same on every iteration)."""
     owner = value.owner
@@ -115,12 +104,12 @@ def _rewrite(loop: ir.Operation) -> Optional[ir.Operation]:
 
 def _only_access(loop: ir.Operation, buffer: ir.Value, load: ir.Operation, store: ir.Operation) -> bool:
     """Nothing in `loop` but `load` and `store` touches `buffer`'s memory (through any view)."""
-    root = _root(buffer)
+    root = memref_root(buffer)
     for op in ops_matching(loop, lambda op: True)[1:]:  # the loop's body, nested ops included
         if op == load or op == store:
             continue
         for v in op.operands:
-            if isinstance(v.type, ir.MemRefType) and _root(v) == root:
+            if isinstance(v.type, ir.MemRefType) and memref_root(v) == root:
                 return False
         if op.name in ("func.call", "llvm.call"):
             return False  # a call could write anything

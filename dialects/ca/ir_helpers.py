@@ -121,6 +121,18 @@ def defining_op(value: ir.Value) -> Optional[ir.Operation]:
     return owner.operation if isinstance(owner, ir.OpView) else None
 
 
+_VIEW_OPS = ("memref.expand_shape", "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
+             "memref.cast", "memref.transpose", "memref.view")
+
+
+def memref_root(value: ir.Value) -> ir.Value:
+    """The buffer a memref value looks into, through view-like ops (`memref.subview`,
+    `expand_shape`, `transpose`, ...): two values with one root may alias."""
+    while isinstance(value.owner, ir.OpView) and value.owner.operation.name in _VIEW_OPS:
+        value = value.owner.operation.operands[0]
+    return value
+
+
 def live_values(ops: list, keep_outside: Callable[[ir.Value], bool] = lambda v: False) -> tuple:
     """(inputs, outputs) of a run of ops in one block: the values the run (ops nested in its
     regions included) reads that are defined outside it, in first-use order, leaving out

@@ -25,13 +25,15 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  them); f32 exp/erf/tanh as vectorizable polynomials ca-approximate-math
     bufferize    tensors to buffers; results become out-params     ca-prepare-kernel-abi, one-shot-bufferize, ...
     blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
-    threads      big parallel generics outlined, to be split over   ca-outline-parallel-loops
-                 torch's OpenMP threads (libgomp's GOMP_parallel)   (forks: ca-define-parallel-forks)
-    loops        8-wide vectorized affine loops (scalar loops where the vectorizer refuses)
+    threads      big parallel generics outlined, each to run one   linalg-generalize-named-ops,
+                 block of a dimension per OpenMP thread            ca-outline-parallel-loops
+    loops        8-wide vectorized affine loops (scalar loops where ..., ca-bound-parallel-loops
+                 the vectorizer refuses); split loops cut to a block
     llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
                  bf16/f16 conversions with f64 and integers through ca-narrow-float-conversions,
                  f32, f32<->bf16 as integer bit operations (no soft- arith-expand{include-bf16=true},
-                 float calls left for the JIT)                      convert-*-to-llvm
+                 float calls left for the JIT); the threads stage's convert-*-to-llvm,
+                 forks as GOMP_parallel calls                       ca-define-parallel-forks
     jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
 
 With `dynamic=True` (a symbolic capture compiled once for every size its guards accept):
