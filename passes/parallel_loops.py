@@ -35,9 +35,15 @@ from .base import CAPass, PassFailure
 
 _FORK_ATTR = "ca.parallel_fork"  # on a fork declaration: [body, extent, grain]
 _LOOP_ATTR = "ca.parallel_loop"  # on an outlined function: [depth of the loop its bounds limit, its extent]
+# at::get_num_threads(), torch's own count. libgomp's default (its nthreads ICV) is per
+# thread: in a thread where torch has not yet run a parallel op it is the core count, not
+# what torch.set_num_threads said (measured: 2 in a fresh thread after set_num_threads(1)).
+# torch's call also sets that ICV for the calling thread, as its own parallel_for does.
+TORCH_NUM_THREADS = "_ZN2at15get_num_threadsEv"
 _RUNTIME = ("llvm.func @GOMP_parallel(!llvm.ptr, !llvm.ptr, i32, i32)",  # libgomp's, what the tasks call
             "llvm.func @omp_get_thread_num() -> i32",
-            "llvm.func @omp_get_num_threads() -> i32")
+            "llvm.func @omp_get_num_threads() -> i32",
+            f"llvm.func @{TORCH_NUM_THREADS}() -> i32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +180,8 @@ def _only_loop(block: ir.Block, fn: ir.Operation) -> ir.Operation:
 class DefineParallelForks(CAPass):
     """Defines every fork that `ca-outline-parallel-loops` declared, in the LLVM dialect: the
     fork stores its (expanded) arguments in a stack array and calls libgomp's
-    `GOMP_parallel(task, array, 0, 0)` (0: torch's thread count); each thread's task takes
+    `GOMP_parallel(task, array, threads, 0)` (threads: torch's `at::get_num_threads()`);
+    each thread's task takes
     one block [lo, hi) of the split dimension (blocks of ceil(extent / threads) rounded up to
     the grain; a thread past the end does nothing) and calls the outlined function with
     lo, hi and the arguments as they were.
@@ -190,7 +197,8 @@ class DefineParallelForks(CAPass):
       %ctx = llvm.alloca %n x i64 : (i64) -> !llvm.ptr
       llvm.store %a0, %slot0 : !llvm.ptr, !llvm.ptr
       ...
-      llvm.call @GOMP_parallel(%task, %ctx, %zero, %zero) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
+      %threads = llvm.call @_ZN2at15get_num_threadsEv() : () -> i32
+      llvm.call @GOMP_parallel(%task, %ctx, %threads, %zero) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
       llvm.return
     }
     llvm.func internal @k__par0_task(%ctx: !llvm.ptr) {
@@ -399,7 +407,8 @@ def _fork_text(fork: ir.Operation, functions: dict) -> tuple:
                   f"  llvm.store %a{k}, %s{k} : {t}, !llvm.ptr"]
     lines += [f"  %task = llvm.mlir.addressof @{body}_task : !llvm.ptr",
               "  %zero = llvm.mlir.constant(0 : i32) : i32",
-              "  llvm.call @GOMP_parallel(%task, %ctx, %zero, %zero) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()",
+              f"  %threads = llvm.call @{TORCH_NUM_THREADS}() : () -> i32",
+              "  llvm.call @GOMP_parallel(%task, %ctx, %threads, %zero) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()",
               "  llvm.return", "}"]
     lines += [f"llvm.func internal @{body}_task(%ctx: !llvm.ptr) {{",
               "  %tid32 = llvm.call @omp_get_thread_num() : () -> i32",

@@ -9,7 +9,8 @@
 // CHECK-LABEL: llvm.func internal @k__par0_fork(
 // CHECK: %[[CTX:.*]] = llvm.alloca %{{.*}} x i64
 // CHECK: %[[TASK:.*]] = llvm.mlir.addressof @k__par0_task
-// CHECK: llvm.call @GOMP_parallel(%[[TASK]], %[[CTX]], %{{.*}}, %{{.*}}) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
+// CHECK: %[[THREADS:.*]] = llvm.call @_ZN2at15get_num_threadsEv() : () -> i32
+// CHECK: llvm.call @GOMP_parallel(%[[TASK]], %[[CTX]], %[[THREADS]], %{{.*}}) : (!llvm.ptr, !llvm.ptr, i32, i32) -> ()
 // CHECK-LABEL: llvm.func internal @k__par0_task(
 // CHECK: %[[TID:.*]] = llvm.call @omp_get_thread_num()
 // CHECK: llvm.call @omp_get_num_threads()
@@ -25,6 +26,7 @@
 // DECL-DAG: llvm.func @GOMP_parallel(!llvm.ptr, !llvm.ptr, i32, i32)
 // DECL-DAG: llvm.func @omp_get_thread_num() -> i32
 // DECL-DAG: llvm.func @omp_get_num_threads() -> i32
+// DECL-DAG: llvm.func @_ZN2at15get_num_threadsEv() -> i32
 // DECL-NOT: ca.parallel_fork
 module {
   llvm.func @k(%p: !llvm.ptr, %s: f32) {

@@ -127,3 +127,54 @@ def test_camlir_threads_0_keeps_every_loop_in_its_kernel(monkeypatch):
     assert not jit.parallel_runtime()
     monkeypatch.setenv("CAMLIR_THREADS", "1")
     assert jit.parallel_runtime()
+
+
+_FRESH_THREAD = r"""
+import ctypes, os, threading
+import torch
+import camlir
+
+torch.set_num_threads(1)
+x = torch.randn(256, 256, requires_grad=True)
+seed = torch.ones(256, 256)
+
+def backward(y=None):  # with its own seed: no torch op runs in the thread before camlir's kernel
+    with camlir.enable(backend="cpu"):
+        (torch.sin(x * 2.0) if y is None else y).backward(seed)
+
+for _ in range(3):  # compiled in the main thread, whose OpenMP count torch set to 1 (the
+    backward()     # first call sets x.grad, the second accumulates, the third is a cache hit)
+compiles = camlir.counters["compiles"]
+seen = []
+y = torch.sin(x * 2.0)  # the forward runs here: torch's ops set the OpenMP count of their thread
+
+def in_a_new_thread():
+    before = len(os.listdir("/proc/self/task"))
+    backward(y)
+    seen.append(len(os.listdir("/proc/self/task")) - before)
+
+worker = threading.Thread(target=in_a_new_thread)
+worker.start()
+worker.join()
+assert camlir.counters["compiles"] == compiles, "the thread's backward should be a cache hit"
+print("threads started:", seen[0])
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="counts threads in /proc; needs a default OpenMP count above 1")
+def test_a_fork_uses_torchs_thread_count_in_a_thread_torch_has_not_run_in(tmp_path):
+    """libgomp's default team size is per thread: in a thread where torch has run no parallel
+    op yet, it is the core count, whatever `torch.set_num_threads` said. A fork must use
+    torch's count (`at::get_num_threads()`), or a backward called from a new Python thread
+    starts OpenMP threads the user turned off."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CAMLIR_GRAPH_CHOICE="0", CAMLIR_KERNEL_CHOICE="0", CAMLIR_DISK_CACHE="0",
+               CAMLIR_THREADS_MIN_ELEMENTS="1024")
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", _FRESH_THREAD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "threads started: 0", done.stdout

@@ -18,7 +18,7 @@ import tempfile
 
 # Kept in step with jit._BLAS_SYMBOLS and jit._OMP_SYMBOLS (this file imports nothing of camlir's).
 BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_",
-                "GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+                "GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads", "_ZN2at15get_num_threadsEv")
 
 
 def compile_to_object(text: str, opt_level: int = 2) -> bytes:

@@ -28,7 +28,8 @@ from torch_mlir.execution_engine import ExecutionEngine
 _BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
 # libgomp's, for the threads stage (passes/parallel_loops.py); reached through
 # libtorch_cpu.so, which links the libgomp torch's OpenMP threads belong to.
-_OMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+_OMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads",
+                "_ZN2at15get_num_threadsEv")  # torch's thread count (parallel_loops.TORCH_NUM_THREADS)
 _symbols: dict = {}
 
 
