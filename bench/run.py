@@ -45,6 +45,7 @@ class Settings:
             self.min_iters, self.min_time, self.max_iters, self.max_time, self.warmup = 5, 0.1, 10, 20, 1
         else:
             self.min_iters, self.min_time, self.max_iters, self.max_time, self.warmup = 20, 2.0, 3000, 90, 3
+        self.untimed = 0  # untimed steps before each timed one, in a variant's turn
         self.start_timeout = 300   # importing torch and friends
         self.prepare_timeout = 1200  # start-up, cold compile of the first backward, warm-up
         self.step_timeout = 300
@@ -203,6 +204,8 @@ def run_group(workload: str, threads: int, variants: list, settings: Settings, l
                     # every variant (CNN: p25 ~2 ms, p75 ~6 ms), the median falling on either.
                     time.sleep(SPIN_GAP_S)
                 try:
+                    for _ in range(settings.untimed):  # see --untimed
+                        workers[v].request({"cmd": "step"}, settings.step_timeout)
                     rows[v]["times_ns"].append(workers[v].request({"cmd": "step"}, settings.step_timeout)["ns"])
                 except WorkerError as exc:
                     rows[v]["error"] = f"timed backward {rounds + 1}: {exc}"
@@ -345,8 +348,15 @@ def parse_args(argv):
     parser.add_argument("--baseline", help="a git revision: adds camlir_cpu@REV, camlir as committed at REV, "
                         "run side by side with the checkout (for before/after measurements)")
     parser.add_argument("--quick", action="store_true", help="a few iterations only (smoke check)")
+    parser.add_argument("--seconds", type=float,
+                        help="time each variant for about this long per workload and thread count "
+                             "(default 2; longer for rows within noise)")
     parser.add_argument("--out", help="write the markdown report here (e.g. docs/benchmarks.md)")
     parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--untimed", type=int, default=0,
+                        help="untimed steps a variant runs before each timed one, in its turn (default 0: "
+                             "one timed step per turn; a step then starts with the caches holding another "
+                             "process's data)")
     args = parser.parse_args(argv)
     groups = {"all": workloads.NAMES, "real": workloads.REAL_MODELS}
     args.workloads = [name for w in args.workloads.split(",") if w.strip()
@@ -373,6 +383,9 @@ def main(argv=None) -> list:
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t0 = time.monotonic()
     settings = Settings(args.quick)
+    if args.seconds:
+        settings.min_time = args.seconds
+    settings.untimed = args.untimed
     info = machine()
     rows = []
     for workload in args.workloads:
