@@ -343,7 +343,7 @@ def parse_args(argv):
     parser.add_argument("--threads", default="1,2", help="torch.set_num_threads values (default 1,2)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="eager, eager_tuned (eager with camlir's malloc tuning), eager_after_camlir (eager in a process "
-                             "where camlir compiled the workload once), ca_inductor, camlir_<backend> "
+                             "where camlir compiled the workload once), eager_after_ca (the same after PyTorch's compiled autograd captured it, with no compiler), ca_inductor, camlir_<backend> "
                         "(default: %(default)s)")
     parser.add_argument("--baseline", help="a git revision: adds camlir_cpu@REV, camlir as committed at REV, "
                         "run side by side with the checkout (for before/after measurements)")
@@ -369,9 +369,10 @@ def parse_args(argv):
     if args.baseline:
         args.variants.append(f"camlir_cpu@{args.baseline}")
     bad = [v for v in args.variants
-           if v not in ("eager", "eager_tuned", "eager_after_camlir", "ca_inductor") and not v.startswith("camlir_")]
+           if v not in ("eager", "eager_tuned", "eager_after_camlir", "eager_after_ca", "ca_inductor")
+           and not v.startswith("camlir_")]
     if bad:
-        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, eager_after_camlir, ca_inductor, "
+        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, eager_after_camlir, eager_after_ca, ca_inductor, "
                      f"camlir_<backend>")
     return args
 

@@ -90,6 +90,21 @@ class Variant:
                 return contextlib.nullcontext()
 
             self.context = context
+        elif name == "eager_after_ca":
+            # A diagnostic beside eager_after_camlir: PyTorch's compiled autograd with a compiler
+            # that returns the captured graph as it is, for the start-up and first backward,
+            # every later backward plain. What a capture alone leaves the process with.
+            from torch._dynamo import compiled_autograd
+
+            under_ca = [2]
+
+            def context():
+                if under_ca[0]:
+                    under_ca[0] -= 1
+                    return compiled_autograd._enable(lambda gm: gm)
+                return contextlib.nullcontext()
+
+            self.context = context
         elif name == "ca_inductor":
             from torch._dynamo import compiled_autograd
 
