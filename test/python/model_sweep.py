@@ -620,7 +620,12 @@ def _child(args):
 
 
 def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=print,
-          attn="eager"):
+          attn="eager", script=None, child_args=None):
+    """Runs each model of `names` in its own subprocess (`script --one NAME ...`, this file
+    unless `script` is given; `child_args` are added to its command line, default the
+    attention setting) and returns their records, logging a table row per model."""
+    script = script or os.path.abspath(__file__)
+    child_args = ["--attn", attn] if child_args is None else list(child_args)
     results = []
     cache = None if keep_cache else tempfile.mkdtemp(prefix="camlir-sweep-cache-")
     for name in names:
@@ -629,8 +634,8 @@ def sweep(names, backend="cpu", timeout=300, keep_cache=False, threads=1, log=pr
         env = dict(os.environ)
         if cache:
             env["CAMLIR_CACHE_DIR"] = cache
-        cmd = ["nice", "-n", "10", sys.executable, os.path.abspath(__file__), "--one", name,
-               "--backend", backend, "--out", out, "--threads", str(threads), "--attn", attn]
+        cmd = ["nice", "-n", "10", sys.executable, script, "--one", name, "--backend", backend,
+               "--out", out, "--threads", str(threads), *child_args]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -672,30 +677,10 @@ HEADER = ("| model | result | counters | compiles | max grad error | float32 rou
           "|---|---|---|---|---|---|---|---|---|")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", help="comma-separated subset of: " + ",".join(MODELS))
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "eager"])
-    ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"],
-                    help="the models' attention implementation (default eager; sdpa: "
-                         "scaled_dot_product_attention, transformers' default)")
-    ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--json", help="write every record here")
-    ap.add_argument("--keep-cache", action="store_true",
-                    help="use the usual compiled-program cache (default: a fresh one)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.one:
-        return _child(args)
-    names = args.models.split(",") if args.models else list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        ap.error(f"unknown models: {unknown}")
-    print(HEADER, flush=True)
-    results = sweep(names, args.backend, args.timeout, args.keep_cache, args.threads,
-                    log=lambda line: print(line, flush=True), attn=args.attn)
+def report(results, json_path=None):
+    """The summary after the table: counts, then each model that is not ok and native (or
+    has float32-rounding cases), with its mismatches, error and camlir's explanation; and
+    every record into `json_path`."""
     counts = {}
     for r in results:
         counts[r["result"]] = counts.get(r["result"], 0) + 1
@@ -712,9 +697,41 @@ def main(argv=None):
                 print(r["error"][-1500:])
             if r.get("explain"):
                 print(r["explain"][-1500:])
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def add_sweep_args(ap):
+    """The options every sweep script takes (timm_sweep.py too), and the child's hidden ones."""
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--json", help="write every record here")
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="use the usual compiled-program cache (default: a fresh one)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help="comma-separated subset of: " + ",".join(MODELS))
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "eager"])
+    ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"],
+                    help="the models' attention implementation (default eager; sdpa: "
+                         "scaled_dot_product_attention, transformers' default)")
+    add_sweep_args(ap)
+    args = ap.parse_args(argv)
+    if args.one:
+        return _child(args)
+    names = args.models.split(",") if args.models else list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown models: {unknown}")
+    print(HEADER, flush=True)
+    results = sweep(names, args.backend, args.timeout, args.keep_cache, args.threads,
+                    log=lambda line: print(line, flush=True), attn=args.attn)
+    report(results, args.json)
     return 0
 
 
