@@ -45,11 +45,15 @@ _FREE = ("torch.constant.", "torch.prim.ListConstruct")
 
 
 def _recording_table(seen: set):
-    """camlir's table with each decomposition noting its op in `seen` when it runs."""
+    """camlir's table with each decomposition noting its op in `seen` when it rewrites it.
+    Several apply only to some calls (bf16/f16 tensors, a 0-d input, negative pads) and
+    return NotImplemented otherwise: the op then stays, and is not counted."""
     def wrap(op, fn):
         def run(*args, **kwargs):
-            seen.add(str(op).removesuffix(".default"))
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if out is not NotImplemented:
+                seen.add(str(op).removesuffix(".default"))
+            return out
         return run
     table = {op: wrap(op, fn) for op, fn in decomposition_table().items()}
     return lambda: table
@@ -199,6 +203,17 @@ _DECOMPOSITION_NOTES = {
     "aten.native_group_norm_backward": "reductions + elementwise",
     "aten.mse_loss_backward": "elementwise",
     "aten.smooth_l1_loss_backward": "elementwise (where, sign)",
+    # Rewritten so that eager's semantics survive torch-mlir's lowering (the reason for each
+    # is in camlir/capture/decompositions.py):
+    "aten.index_put": "the same op, negative indices wrapped first (`where(i < 0, i + size, i)`)",
+    "aten._unsafe_index_put": "the same op, negative indices wrapped first (`where(i < 0, i + size, i)`)",
+    "aten.threshold_backward": "`where(x <= threshold, 0, grad)` (NaN passes, as in eager)",
+    "aten.clamp": "`where`s on `<`/`>` and `isnan` (NaN passes, as in eager)",
+    "aten.hardtanh_backward": "`where` with eager's boundaries (0 at min_val and max_val)",
+    "aten.leaky_relu_backward": "`where(x > 0, grad, grad * slope)`",
+    "aten.softplus_backward": "elementwise with a `where` on the threshold (NaN passes)",
+    "aten.gelu_backward": "elementwise, exact constants (approximate='tanh' only; the erf form lowers whole)",
+    "aten.constant_pad_nd": "slices, then the non-negative pads (negative pads only)",
 }
 
 _EXTERN_NOTES = {
@@ -254,10 +269,15 @@ def render(routes, decomposed, gaps) -> str:
         "## What the lowered code looks like (for the JIT)",
         "",
         "- `aten.mm` / `aten.bmm` become `linalg.matmul` / `linalg.batch_matmul`; a transposed",
-        "  operand (`aten.t`, `aten.transpose.int`) is an explicit `linalg.transpose` first.",
+        "  operand (`aten.t`, `aten.transpose.int`) is a `linalg.transpose` first. The cpu",
+        "  backend's blas stage turns both into MKL calls (`sgemm_`, `sgemm_batch_`), the",
+        "  transposes into BLAS's flags ([cpu-backend.md](cpu-backend.md)).",
         "- `aten.convolution_backward` becomes, by torch-mlir's decomposition, `aten.convolution`s:",
         "  `linalg.conv_2d_nchw_fchw` with `linalg.transpose`, `tensor.pad`, and for the input",
-        "  gradient a kernel flip (a `linalg.generic` gathering with `tensor.extract`).",
+        "  gradient a kernel flip (a `linalg.generic` gathering with `tensor.extract`). That is",
+        "  what this page measures; compiled programs keep convolutions (and max-pool's",
+        "  backward) on the host, through torch's oneDNN kernels, because the loops were much",
+        "  slower (`SLOW_WHEN_LOWERED` in `passes/outline_kernels.py`).",
         "- Scatter loops (`+ scatter loops` above) are sequential `scf.for` nests with scalar",
         "  `tensor.extract`/`tensor.insert`: correct with repeated indices, but naive code.",
         "- With dynamic dims, torch-mlir adds run-time size checks (`cf.assert`).",
