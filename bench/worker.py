@@ -196,7 +196,7 @@ class Worker:
             # camlir decides by measurement on the user's own calls (kernel twins, then the
             # compiled backward against the eager engine after 16 + 40 calls: docs/speed.md).
             # A long training loop runs decided; so does the timed part of the bench.
-            warmup = max(warmup, CAMLIR_WARMUP)
+            warmup = max(warmup, camlir_warmup())
         for _ in range(warmup):
             self._backward(self._loss())
         return {"startup_s": self.startup_s, "first_s": first_ns / 1e9,
@@ -249,7 +249,15 @@ class Worker:
         return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes}
 
 
-CAMLIR_WARMUP = 80
+def camlir_warmup() -> int:
+    """Calls until camlir's choices have decided: the kernel choices within graph_choice's
+    START calls, then at most MAX_SAMPLES timings a side in blocks (fewer in an older
+    camlir, `--baseline`: 12 timings a side, 80 calls)."""
+    from camlir import graph_choice as g
+
+    samples = getattr(g, "MAX_SAMPLES", g.SAMPLES)
+    blocks_per_side = -(-samples // (g.BLOCK - g.WARM))
+    return g.START + 2 * blocks_per_side * g.BLOCK + 16
 
 
 def _maxrss_mb() -> float:

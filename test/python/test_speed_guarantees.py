@@ -399,3 +399,37 @@ def test_a_structure_whose_capture_failed_skips_compiled_autograd_after(monkeypa
     assert camlir.counters["fallbacks"] == 1 and camlir.counters["eager_runs"] == 2
     [event] = camlir.explain(kind="choice")
     assert event.what == "fallback" and "could not capture" in event.reason
+
+
+def _decide_on(compiled_factor: float, drift_per_block: float, max_calls: int = 2000):
+    """Drives a Route with synthetic timings: the eager engine takes 1 unit, the compiled
+    backward `compiled_factor` units, both times (1 + drift_per_block * block) while the
+    machine's load changes steadily. Returns the route once it decided."""
+    route = graph_choice.Route()
+    for _ in range(max_calls):
+        which = route.pick()
+        if route.measuring():
+            block = (route.calls - 1 - graph_choice.START) // graph_choice.BLOCK
+            load = 1.0 + drift_per_block * block
+            if route.record(which, load * (compiled_factor if which == "compiled" else 1.0)):
+                return route
+    raise AssertionError("the route never decided")
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.05, -0.04])
+def test_the_choice_pairs_blocks_so_a_changing_load_does_not_decide(drift):
+    """A program 4% slower than the eager engine goes to the eager engine and one 4% faster
+    stays compiled, also while the load rises (or falls) by 5% a block: comparing the two
+    sides' medians picked the slower side there (the eager blocks come later on average)."""
+    assert _decide_on(1.04, drift).decided == "eager"
+    assert _decide_on(1 / 1.04, drift).decided == "compiled"
+
+
+def test_a_near_tie_is_measured_longer_before_it_is_decided():
+    """Within TIE of each other, the sides get SAMPLES more timings each (up to MAX_SAMPLES)
+    before the decision; a clear difference decides at SAMPLES."""
+    clear = _decide_on(1.5, 0.0)
+    assert clear.rounds == 1 and clear.calls == graph_choice.START + _choice_calls()
+    close = _decide_on(1.01, 0.0)
+    assert close.decided == "eager"
+    assert close.calls == graph_choice.START + _choice_calls() * graph_choice.MAX_SAMPLES // graph_choice.SAMPLES
