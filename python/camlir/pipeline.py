@@ -19,6 +19,9 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  torch original kept as its twin (the runtime runs  ca-fuse-elementwise,
                  whichever measures faster: backends/cpu/choice.py) ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
+    same-kernels a kernel that prints the same as an earlier one,    backends/cpu/same_kernels.py
+                 its name aside, is dropped; the runtime calls the
+                 earlier one's code for it (compiled once)
     math         pow by small constant exponents as multiplications ca-expand-powers,
                  and sqrt; bf16/f16 arithmetic and math functions   math-extend-to-supported-types,
                  in f32, rounded once per op (as PyTorch computes   arith-emulate-unsupported-floats,
@@ -76,7 +79,7 @@ import torch
 from torch_mlir import ir
 
 from camlir import effects, logs
-from camlir.backends.cpu import abi, jit, persist
+from camlir.backends.cpu import abi, jit, persist, same_kernels
 from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
 from camlir.backends.cpu.program import CpuProgram, torch_twins
@@ -464,14 +467,17 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         work, guard, perms = to_kernels(module, args, hooks, dump, sizes, shapes, dynamic)
         lowered_text = str(work)
         kernel_module, host, specs = split(work, dump, dynamic)
+        shared = same_kernels.merge_identical(kernel_module)  # {kernel: the one whose code it runs}
+        dump("same-kernels", kernel_module)
         engine = make_native(kernel_module, dump, dynamic) if specs else None
-        compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn) if dynamic
-                           else abi.Kernel(engine, name, ins, outs))
+        compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn, shared.get(name, "")) if dynamic
+                           else abi.Kernel(engine, name, ins, outs, shared.get(name, "")))
                     for name, (ins, outs, shape_fn) in specs.items()}
         program = CpuProgram(host, compiled, perms, lowered_text, time.perf_counter() - start,
                              twins=torch_twins(work), label=dump.label)
         # What the disk cache stores of it (backends/cpu/persist.py).
         program.host_text, program.engine, program.dynamic = persist.host_text(work), engine, dynamic
+        program.shared_kernels = shared
     logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)
     return program, guard
 

@@ -100,12 +100,13 @@ def _contiguous_strides(shape) -> list:
 class Kernel:
     """One compiled kernel, callable as `kernel(inputs) -> outputs` on torch tensors."""
 
-    def __init__(self, engine, name: str, inputs: list, outputs: list):
+    def __init__(self, engine, name: str, inputs: list, outputs: list, symbol: str = ""):
         self.name = name
         self.inputs = inputs
         self.outputs = outputs
         self._engine = engine  # keeps the code alive
-        address = engine.raw_lookup("_mlir_ciface_" + name)
+        # `symbol`: the kernel whose code this one shares (same_kernels.merge_identical)
+        address = engine.raw_lookup("_mlir_ciface_" + (symbol or name))
         if not address:
             raise RuntimeError(f"kernel {name} not found in the compiled module")
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
@@ -197,13 +198,13 @@ class DynamicKernel:
     into the out-parameter: one extra pass over that output.
     """
 
-    def __init__(self, engine, name: str, inputs: list, outputs: list, shape_fn):
+    def __init__(self, engine, name: str, inputs: list, outputs: list, shape_fn, symbol: str = ""):
         self.name = name
         self.inputs = inputs
         self.outputs = outputs
         self.shape_fn = shape_fn
         self._engine = engine
-        address = engine.raw_lookup("_mlir_ciface_" + name)
+        address = engine.raw_lookup("_mlir_ciface_" + (symbol or name))  # see Kernel
         if not address:
             raise RuntimeError(f"kernel {name} not found in the compiled module")
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)

@@ -6,8 +6,9 @@ A `CpuProgram` is a host function (walked by the runtime) plus native kernels. S
                  (their types give the kernels' argument specs back)
     kernels.so   the kernels' machine code, linked by `jit.shared_library` (absent when
                  the program has no kernels)
-    meta         the input permutations, whether the kernels have dynamic dims, and each
-                 dynamic kernel's shape function (Python source, `shapes.derive`)
+    meta         the input permutations, whether the kernels have dynamic dims, each
+                 dynamic kernel's shape function (Python source, `shapes.derive`), and
+                 which kernels run another's code (`same_kernels.merge_identical`)
 
 Loading parses the host module (milliseconds) and loads the library: no re-trace, no
 lowering, no LLVM. `to_files` refuses (`NotStorable`) what cannot be rebuilt exactly that
@@ -62,6 +63,7 @@ def to_files(program) -> tuple:
                             if getattr(k, "shape_fn", None) is not None},
         "not_native": getattr(program, "not_native", ""),
         "compile_seconds": program.compile_seconds,
+        "shared_kernels": dict(getattr(program, "shared_kernels", {})),
     }
     return files, meta
 
@@ -77,6 +79,7 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
         module = ir.Module.parse(text)
         library = jit.SharedKernels(entry.read("kernels.so")) if "kernels.so" in entry.names() else None
         kernels = {}
+        shared = meta.get("shared_kernels", {})  # {kernel: the kernel whose code it runs}
         for op in module.body.operations:
             op = op.operation
             if op.name != "func.func" or len(op.regions[0].blocks) or func_name(op) == "backward":
@@ -89,9 +92,9 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
                 raise ValueError(f"the stored host calls kernel @{name} but no kernels.so is stored")
             if dynamic:
                 shape_fn = ShapeFunction(meta["shape_functions"][name], name)
-                kernels[name] = abi.DynamicKernel(library, name, ins, outs, shape_fn)
+                kernels[name] = abi.DynamicKernel(library, name, ins, outs, shape_fn, shared.get(name, ""))
             else:
-                kernels[name] = abi.Kernel(library, name, ins, outs)
+                kernels[name] = abi.Kernel(library, name, ins, outs, shared.get(name, ""))
         perms = [tuple(p) if p is not None else None for p in meta["perms"]]
         program = CpuProgram(require_func(module, "backward"), kernels, perms, "", 0.0, twins=torch_twins(module))
     program.module = module  # keeps the parsed IR alive with the program
