@@ -79,6 +79,7 @@ import torch
 from torch_mlir import ir
 
 from camlir import effects, logs
+from camlir.compile_thread import run_apart
 from camlir.backends.cpu import abi, jit, persist, same_kernels
 from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
@@ -421,12 +422,10 @@ def make_native(kernel_module: ir.Module, dump: Dump, dynamic: bool = False):
         raise StageError("jit", str(exc)) from exc
 
 
-def to_kernels(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
-               shapes: Optional[dict] = None, dynamic: bool = False) -> tuple:
-    """The stages every compiling backend shares, on a copy of `module`: specialize (with
-    `sizes`), trace-hooks, layouts, kernels, linalg. Returns (the module, now a host
-    function plus linalg-on-tensors kernels; the hook guard; the input permutations), after
-    checking that every accumulation and Python hook is still there exactly once."""
+def with_hooks_traced(module: ir.Module, hooks, dump: Dump, sizes: Optional[list] = None,
+                      shapes: Optional[dict] = None) -> tuple:
+    """specialize (with `sizes`) and trace-hooks, on a copy of `module`; returns (the copy,
+    the hook guard). Runs in the backward's own thread: tracing calls the user's hooks."""
     work = ir.Module.parse(str(module))
     if "ca.layout_sensitive" in work.operation.attributes:
         why = ir.StringAttr(work.operation.attributes["ca.layout_sensitive"]).value
@@ -439,12 +438,28 @@ def to_kernels(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional
     # (a parameter's gradient) are traced, the others stay Python calls.
     guard = trace_hooks(work, hooks, device="cpu")
     dump("trace-hooks", work)
+    return work, guard
+
+
+def lower_kernels(work: ir.Module, args: list, dump: Dump, dynamic: bool = False) -> list:
+    """layouts, kernels, linalg, on `work` (changed in place; see `with_hooks_traced`);
+    returns the input permutations, after checking that every accumulation and Python hook
+    is still there exactly once."""
     expected = effects.in_module(work, python_hooks_only=True)  # traced hooks become kernel code
     perms = layouts(work, args, dump, dynamic)
     kernels(work, dump)
     linalg(work, dump)
     effects.check(expected, effects.in_module(work), f"{dump.label}, stage 'linalg'")
-    return work, guard, perms
+    return perms
+
+
+def to_kernels(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
+               shapes: Optional[dict] = None, dynamic: bool = False) -> tuple:
+    """The stages every compiling backend shares, on a copy of `module`: specialize (with
+    `sizes`), trace-hooks, layouts, kernels, linalg. Returns (the module, now a host
+    function plus linalg-on-tensors kernels; the hook guard; the input permutations)."""
+    work, guard = with_hooks_traced(module, hooks, dump, sizes, shapes)
+    return work, guard, lower_kernels(work, args, dump, dynamic)
 
 
 def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[list] = None,
@@ -464,7 +479,18 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         raise ValueError("make_cpu: dynamic=True compiles without sizes; pass sizes or dynamic, not both")
     start = time.perf_counter()
     with module.context, ir.Location.unknown():
-        work, guard, perms = to_kernels(module, args, hooks, dump, sizes, shapes, dynamic)
+        work, guard = with_hooks_traced(module, hooks, dump, sizes, shapes)
+    # The rest in a thread of its own: what the compile leaves in memory then stays out of
+    # the malloc arena the training loop's tensors come from (compile_thread.py says why)
+    program = run_apart(_cpu_from_hooks_traced, work, args, dump, dynamic, start)
+    logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(program.kernels), program.compile_seconds)
+    return program, guard
+
+
+def _cpu_from_hooks_traced(work: ir.Module, args: list, dump: Dump, dynamic: bool, start: float):
+    """`make_cpu` from layouts on: the program."""
+    with work.context, ir.Location.unknown():
+        perms = lower_kernels(work, args, dump, dynamic)
         lowered_text = str(work)
         kernel_module, host, specs = split(work, dump, dynamic)
         shared = same_kernels.merge_identical(kernel_module)  # {kernel: the one whose code it runs}
@@ -478,8 +504,7 @@ def make_cpu(module: ir.Module, args: list, hooks, dump: Dump, sizes: Optional[l
         # What the disk cache stores of it (backends/cpu/persist.py).
         program.host_text, program.engine, program.dynamic = persist.host_text(work), engine, dynamic
         program.shared_kernels = shared
-    logs.log.debug("%s: %d kernels compiled in %.3f s", dump.label, len(compiled), program.compile_seconds)
-    return program, guard
+    return program
 
 
 def dynamic_shapes(module: ir.Module, args: list, n_inputs: int) -> dict:
