@@ -467,10 +467,17 @@ def _new_record(name, backend, **kw):
     return record
 
 
+class EagerFailed(Exception):
+    """The eager side of a timing call failed (not camlir's fault)."""
+
+
 def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
-              timing_calls=TIMING_CALLS):
+              timing_calls=TIMING_CALLS, max_update=None):
     """`run_model` on a model already built: `model(**inputs(step)).loss` is the loss of step
-    `step` (the same tensors for the same step)."""
+    `step` (the same tensors for the same step). The SGD update after a step is 1e-2 x the
+    eager gradient; with `max_update`, scaled down (one factor for all parameters) so that
+    no element moves by more than that (timm's convnets without normalization in eval mode
+    had gradients of 50 to 1e5 and went to NaN in two plain steps)."""
     import torch
 
     import camlir
@@ -536,31 +543,46 @@ def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
                 why = f" [{rejected[pname]}]" if pname in rejected else ""
                 record["mismatches"].append(f"{where}: {message}{why}")
         with torch.no_grad():  # the same update on both copies: values change between steps
+            lr = 1e-2
+            grads = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+            if max_update is not None and grads:
+                largest = float(max(g.abs().max() for g in grads))
+                if lr * largest > max_update:
+                    lr = max_update / largest
             for p, q in zip(params, twin_params):
                 if p.grad is not None:
-                    p -= 1e-2 * p.grad
+                    p -= lr * p.grad
                     q.copy_(p)
         return True
 
     def timing(calls):
         """Backward seconds of eager and camlir on one more input, `calls` times each: the
         fastest of the last few, after camlir's per-kernel speed choice has settled
-        (docs/speed.md). Fewer calls than graph_choice needs to start comparing with eager."""
-        for m in (model, twin):
-            m.eval()
+        (docs/speed.md). Fewer calls than graph_choice needs to start comparing with eager.
+        Each forward re-enters eval mode, as every step does: some models cache a tensor of
+        their parameters in eval mode until the next train()/eval() (timm's LeViT,
+        EfficientFormer and EfficientViT-M attention biases), and a second backward through
+        the cached tensor's graph fails, in eager too. An eager failure raises EagerFailed."""
         kwargs = inputs(steps + 1)
         times = {"eager": [], "camlir": []}
         for _ in range(calls):
             for side, m in (("eager", model), ("camlir", twin)):
+                m.eval()
                 for p in m.parameters():
                     p.grad = None
-                loss = m(**kwargs).loss
+                try:
+                    loss = m(**kwargs).loss
+                except Exception as err:
+                    raise EagerFailed(f"forward: {type(err).__name__}: {err}") from err
                 t0 = time.perf_counter()
                 if side == "camlir":
                     with camlir.enable(backend=backend):
                         loss.backward()
                 else:
-                    loss.backward()
+                    try:
+                        loss.backward()
+                    except Exception as err:
+                        raise EagerFailed(f"backward: {type(err).__name__}: {err}") from err
                 times[side].append(time.perf_counter() - t0)
         # The fastest after the first (the machine is shared, so the median is noise; the
         # fastest of camlir's alternating native/torch-ops timings is what its choice keeps).
@@ -573,6 +595,8 @@ def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
         if timing_calls > 1:
             try:
                 record["steady_ratio"] = round(timing(timing_calls), 2)
+            except EagerFailed as err:
+                record.update(result="eager-failed", error=f"timing, eager {err}"[:2000])
             except Exception as err:
                 record.update(result="CRASH", error=f"timing: {type(err).__name__}: {err}")
         if train_step and record["result"] is None:

@@ -12,8 +12,10 @@ copy's forward; every parameter gradient compared with `assert_close(rtol=1e-4, 
 a failing one judged against a float64 rerun), the same verdicts and JSON records.
 
 Each architecture is built with `timm.create_model(name, pretrained=False, num_classes=10,
-...)` at its smallest variant and a small input (32-64 px, batch 2; see MODELS), seeded;
-nothing is downloaded. The loss is cross-entropy on random labels. `drop_rate` and
+...)` at its smallest variant and a small input (28-64 px, batch 4; see MODELS), seeded;
+nothing is downloaded. Batch norms get running statistics from a few forwards on other
+random images first (`_calibrate_batch_norms`), and the SGD update after a step moves no
+parameter element by more than MAX_UPDATE (run_built's max_update). The loss is cross-entropy on random labels. `drop_rate` and
 `drop_path_rate` are 0.1 where the model takes them, so the train step draws dropout masks.
 
 timm is not a dependency of camlir: install it anywhere (`pip install --target DIR timm
@@ -36,9 +38,11 @@ if HERE not in sys.path:
 
 import model_sweep  # noqa: E402  (the machinery: run_built, sweep, report, native)
 
-BATCH = 2
+BATCH = 4
+CALIBRATION = (4, 8)  # forwards, batch: running statistics of batch norms before step 0
 CLASSES = 10
 DROP = 0.1
+MAX_UPDATE = 1e-2  # the largest change of a parameter element in a step's SGD update
 
 def _mixer(timm, pretrained=False, **kw):
     """timm's MlpMixer class (MLP-Mixer, or ResMLP with block_layer="ResBlock" and
@@ -171,6 +175,7 @@ def build(name):
             return types.SimpleNamespace(loss=F.cross_entropy(logits, labels))
 
     model = WithLoss(make()).float()
+    _calibrate_batch_norms(model.net, size)
 
     def inputs(step):
         g = torch.Generator().manual_seed(1000 + step)
@@ -178,6 +183,34 @@ def build(name):
                     labels=torch.randint(0, CLASSES, (BATCH,), generator=g))
 
     return model, inputs
+
+
+def _calibrate_batch_norms(net, size):
+    """Gives every batch norm running statistics of the model's own activations: the
+    cumulative average over CALIBRATION forwards in train mode, without gradients, on other
+    random images. With the initial ones (mean 0, variance 1) an eval-mode forward of a
+    deep convnet is unnormalized: logits and gradients reached 1e13 (MobileOne), so that
+    float32 rounding was far above the tolerance, and one SGD step took the parameters to
+    NaN. Returns how many batch norms there are."""
+    import torch
+
+    norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average
+    g = torch.Generator().manual_seed(999)
+    net.train()
+    forwards, batch = CALIBRATION
+    with torch.no_grad():
+        for _ in range(forwards):
+            net(torch.randn(batch, 3, size, size, generator=g))
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    return len(norms)
 
 
 def run_model(name, backend="cpu", steps=model_sweep.STEPS, train_step=True,
@@ -188,7 +221,8 @@ def run_model(name, backend="cpu", steps=model_sweep.STEPS, train_step=True,
     except Exception as err:
         return model_sweep._new_record(name, backend, result="eager-failed",
                                        error=f"build: {type(err).__name__}: {err}"[:2000])
-    return model_sweep.run_built(name, model, inputs, backend, steps, train_step, timing_calls)
+    return model_sweep.run_built(name, model, inputs, backend, steps, train_step, timing_calls,
+                                 max_update=MAX_UPDATE)
 
 
 def probe(names):
