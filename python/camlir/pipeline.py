@@ -19,7 +19,7 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  torch original kept as its twin (the runtime runs  ca-fuse-elementwise,
                  whichever measures faster: backends/cpu/choice.py) ca-unique-kernel-results
     split        kernels into their own module; the host function stays (the runtime walks it)
-    same-kernels a kernel that prints the same as an earlier one,    backends/cpu/same_kernels.py
+    same-code    a kernel that prints the same as an earlier one,   backends/cpu/same_kernels.py
                  its name aside, is dropped; the runtime calls the
                  earlier one's code for it (compiled once)
     math         pow by small constant exponents as multiplications ca-expand-powers,
@@ -494,7 +494,7 @@ def _cpu_from_hooks_traced(work: ir.Module, args: list, dump: Dump, dynamic: boo
         lowered_text = str(work)
         kernel_module, host, specs = split(work, dump, dynamic)
         shared = same_kernels.merge_identical(kernel_module)  # {kernel: the one whose code it runs}
-        dump("same-kernels", kernel_module)
+        dump("same-code", kernel_module)
         engine = make_native(kernel_module, dump, dynamic) if specs else None
         compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn, shared.get(name, "")) if dynamic
                            else abi.Kernel(engine, name, ins, outs, shared.get(name, "")))

@@ -86,7 +86,7 @@ def test_repeated_blocks_compile_once_and_give_eager_gradients(native, tmp_path,
     _check(model, x)
     [graph] = [d for d in tmp_path.iterdir() if d.is_dir()]
     before = (next(graph.glob("*-split.mlir"))).read_text().count("func.func")
-    after = (next(graph.glob("*-same-kernels.mlir"))).read_text().count("func.func")
+    after = (next(graph.glob("*-same-code.mlir"))).read_text().count("func.func")
     assert after < before, (before, after)
     _check(model, torch.randn(2, 8, 16, 16, dtype=torch.float64))  # the cached program, new values
 
