@@ -16,9 +16,9 @@ oneDNN's batch-norm backward. So:
 - `Routes` keeps a `Route` per key. After `START` calls (the kernel-level choices of
   `backends/cpu/choice.py` settle first), blocks of `BLOCK` calls alternate between the
   compiled backward and the eager engine, the last `BLOCK - WARM` of each block timed, until
-  each side has `SAMPLES` timings. Each compiled block is paired with the eager block after
-  it; the eager engine is kept when the median of the pairs' time ratios (compiled over
-  eager) is at least 1 / `MARGIN`. A ratio within `TIE` of 1 takes `SAMPLES` more a side
+  each side has `SAMPLES` timings. Each compiled block is compared with the eager blocks on
+  either side of it (`paired_ratio`); the eager engine is kept when the median of those time
+  ratios (compiled over eager) is at least 1 / `MARGIN`. A ratio within `TIE` of 1 takes `SAMPLES` more a side
   first, up to `MAX_SAMPLES`, and if it is still within `TIE` the eager engine is kept.
   Either way the decision is an event
   (`camlir.explain(kind="choice")`). It is taken again on fresh timings after `RECHECK`
@@ -68,9 +68,10 @@ MARGIN = 1.0
 # program 4% slower than the eager engine look faster (test_speed_guarantees). Where the
 # median ratio is within TIE of 1, SAMPLES more timings a side are taken, up to MAX_SAMPLES,
 # and the decision is made on all of them (still within TIE: the eager engine); it is
-# checked only at multiples of SAMPLES, so that the stop is not chosen at a lucky sample. (Seen before the change: a bench run's
-# MobileNetV3 route kept its compiled backward on 25.3 against 26.5 ms, and the row came out
-# 1.13x eager; the eager engine in a twin process ran at 1.06x.)
+# checked only at multiples of SAMPLES, so that the stop is not chosen at a lucky sample.
+# (Seen before the change: a bench run's MobileNetV3 route kept its compiled backward on
+# 25.3 against 26.5 ms, and the row came out 1.13x eager; the eager engine in a twin process
+# ran at 1.06x.)
 TIE = 0.03
 MAX_SAMPLES = 36
 # A decision is taken again, on fresh timings, after RECHECK[i] more calls of the side it

@@ -79,7 +79,6 @@ import torch
 from torch_mlir import ir
 
 from camlir import effects, logs
-from camlir.compile_thread import run_apart
 from camlir.backends.cpu import abi, jit, persist, same_kernels
 from camlir.backends.cpu import shapes as kernel_shapes
 from camlir.backends.cpu.layouts import input_permutations
@@ -91,6 +90,7 @@ from camlir.backends.gpu import program as gpu_program
 from camlir.capture.hook_trace import trace_hooks
 from camlir.capture.retrace import Retraced, retrace
 from camlir.capture.to_ca import import_graph
+from camlir.compile_thread import run_apart
 from camlir.context import make_context
 from camlir.dialects.ca import verify_or_raise
 from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, ops_named, require_func
