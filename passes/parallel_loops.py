@@ -32,6 +32,7 @@ from camlir.dialects.ca.ir_helpers import (func_name, funcs, is_inside, is_kerne
                                            ops_matching, top_level_ops)
 
 from .base import CAPass, PassFailure
+from .fold_views import static_view_chain
 
 _FORK_ATTR = "ca.parallel_fork"  # on a fork declaration: [body, extent, grain]
 _LOOP_ATTR = "ca.parallel_loop"  # on an outlined function: [depth of the loop its bounds limit, its extent]
@@ -351,8 +352,17 @@ def _defining(v: ir.Value) -> ir.Operation:
 
 
 def _outline(fn: ir.Operation, op: ir.Operation, plan: _Plan, name: str) -> None:
+    # A static view (a slice, a reshape) is passed as the buffer it views and made again in
+    # the body, so that ca-fold-views can fold it into the loads there (the vectorizer
+    # refuses strided layouts; a view passed as an argument cannot be folded).
+    passed, views = [], []
+    for v in plan.values:
+        root, chain = static_view_chain(v)
+        if root not in passed:
+            passed.append(root)
+        views += [view for view in chain if view not in views]
     with op.context, op.location:
-        types = [v.type for v in plan.values]
+        types = [v.type for v in passed]
         index = ir.IndexType.get()
         body_fn = func.FuncOp(name, ([index, index] + types, []), ip=ir.InsertionPoint.after(fn))
         i64 = ir.IntegerType.get_signless(64)
@@ -363,8 +373,12 @@ def _outline(fn: ir.Operation, op: ir.Operation, plan: _Plan, name: str) -> None
             mapping = {}
             for const in plan.constants:
                 mapping[const.results[0]] = const.clone().results[0]
-            for v, arg in zip(plan.values, list(block.arguments)[2:]):
+            for v, arg in zip(passed, list(block.arguments)[2:]):
                 mapping[v] = arg
+            for view in views:
+                copy = view.clone()
+                copy.operands[0] = mapping[view.operands[0]]
+                mapping[view.results[0]] = copy.results[0]
             generic = op.clone()
             for inner in [generic] + _region_ops(generic):
                 for i, v in enumerate(list(inner.operands)):
@@ -375,7 +389,7 @@ def _outline(fn: ir.Operation, op: ir.Operation, plan: _Plan, name: str) -> None
         fork.operation.attributes[_FORK_ATTR] = ir.ArrayAttr.get([
             ir.FlatSymbolRefAttr.get(name), ir.IntegerAttr.get(i64, plan.extent), ir.IntegerAttr.get(i64, plan.grain)])
         with ir.InsertionPoint(op):
-            func.CallOp([], ir.FlatSymbolRefAttr.get(name + "_fork"), plan.values)
+            func.CallOp([], ir.FlatSymbolRefAttr.get(name + "_fork"), passed)
         op.erase()
 
 

@@ -6,6 +6,7 @@ from .approximate_math import ApproximateMath
 from .copies_to_linalg import CopiesToLinalg
 from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
+from .fold_views import FoldViews
 from .fuse_elementwise import FuseElementwise
 from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
@@ -25,7 +26,7 @@ from .unique_kernel_results import UniqueKernelResults
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, SinkViews,
           LowerToLinalg,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
-          MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
+          MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
           ParallelDimsFirst, FlattenParallel)

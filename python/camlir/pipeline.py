@@ -335,6 +335,7 @@ def blas(kernel_module: ir.Module, dump: Dump) -> None:
 # ("non-trivial layout map"): such a module takes plain loops instead.
 _VECTOR_LOOPS = [
     "convert-linalg-to-affine-loops",
+    "ca-fold-views",  # loads through a slice read its buffer: the vectorizer refuses strided layouts
     "ca-register-reductions",  # reductions in iter_args, which the vectorizer takes
     "func.func(affine-super-vectorize{virtual-vector-size=8 vectorize-reductions=true})",
     "lower-affine",

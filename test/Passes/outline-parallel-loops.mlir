@@ -153,3 +153,24 @@ func.func @host(%a: memref<8x8xf32>, %b: memref<8x8xf32>) {
   }
   return
 }
+
+// -----
+
+// A static view is passed as the buffer it views and made again in the body, where
+// ca-fold-views can fold it into the loads (a view argument could not be folded).
+#id2 = affine_map<(d0, d1) -> (d0, d1)>
+// CHECK-LABEL: func.func @window(
+// CHECK: call @window__par0_fork(%arg0, %arg1) : (memref<10x10xf32>, memref<8x8xf32>) -> ()
+// CHECK: func.func @window__par0(%{{.*}}: index, %{{.*}}: index, %[[A:.*]]: memref<10x10xf32>, %[[B:.*]]: memref<8x8xf32>)
+// CHECK: %[[S:.*]] = memref.subview %[[A]][1, 1] [8, 8] [1, 1]
+// CHECK: linalg.generic {{.*}} ins(%[[S]] : memref<8x8xf32, strided<[10, 1], offset: 11>>) outs(%[[B]] : memref<8x8xf32>)
+func.func @window(%a: memref<10x10xf32>, %b: memref<8x8xf32>) attributes {ca.kernel} {
+  %s = memref.subview %a[1, 1] [8, 8] [1, 1] : memref<10x10xf32> to memref<8x8xf32, strided<[10, 1], offset: 11>>
+  linalg.generic {indexing_maps = [#id2, #id2], iterator_types = ["parallel", "parallel"]}
+      ins(%s : memref<8x8xf32, strided<[10, 1], offset: 11>>) outs(%b : memref<8x8xf32>) {
+  ^bb0(%x: f32, %y: f32):
+    %e = math.exp %x : f32
+    linalg.yield %e : f32
+  }
+  return
+}
