@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch._decomp import get_decompositions
 
+from .depthwise_conv import depthwise_convolution_backward
+
 aten = torch.ops.aten
 
 # Each: torch-mlir has no linalg lowering for the op (it fails to convert, or is not a
@@ -333,6 +335,7 @@ def decomposition_table() -> dict:
     table[aten.mean.default] = _mean
     table[aten.index_put.default] = _index_put(aten.index_put.default)
     table[aten._unsafe_index_put.default] = _index_put(aten._unsafe_index_put.default)
+    table[aten.convolution_backward.default] = depthwise_convolution_backward
     for op in _FLOAT32_OPS:
         inner = table.get(op)
         table[op] = _first_of(_in_float32(op), inner) if inner else _in_float32(op)
