@@ -105,18 +105,32 @@ def _input_grad(grad_y, weight, x_shape, stride, padding, dilation, kernel, taps
             zeros = aten.new_zeros.default(g, shape)
             g = aten.slice_scatter.default(zeros, g, dim, left, left + (o - 1) * s + 1, s)
     channels = weight.shape[0]
-    flat_w = aten.view.default(weight, [channels, len(taps)])
-    column_shape = [1, channels] + [1] * len(kernel)
+    # taps first: one select per tap gives its (1, C, 1, ...) column
+    columns = aten.view.default(aten.permute.default(aten.view.default(weight, [channels, len(taps)]), [1, 0]),
+                                [len(taps), 1, channels] + [1] * len(kernel))
+    starts = [[(k - 1 - i) * d for i in range(k)] for k, d in zip(kernel, dilation)]
     total = None
-    for t, tap in enumerate(taps):
-        shifted = g
-        for axis, (i, k, d, h) in enumerate(zip(tap, kernel, dilation, x_shape[2:])):
-            start = (k - 1 - i) * d
-            shifted = aten.slice.Tensor(shifted, axis + 2, start, start + h)
-        w_tap = aten.view.default(aten.select.int(flat_w, 1, t), column_shape)
-        term = aten.mul.Tensor(shifted, w_tap)
+    for t, (tap, shifted) in enumerate(_windows(g, taps, starts, list(x_shape[2:]), [1] * len(kernel))):
+        term = aten.mul.Tensor(shifted, aten.select.int(columns, 0, t))
         total = term if total is None else aten.add.Tensor(total, term)
     return total
+
+
+def _windows(source, taps, starts, sizes, steps):
+    """(tap, slice of `source` for it) for each tap in order: along spatial dim a, from
+    `starts[a][tap[a]]`, `sizes[a]` elements `steps[a]` apart. A slice shared by taps with
+    the same leading indices is made once (k + k^2 slice ops for a k x k kernel, not 2k^2:
+    each op costs ~1 ms to re-trace)."""
+    made = {(): source}
+    for tap in taps:
+        for depth in range(1, len(tap) + 1):
+            key = tap[:depth]
+            if key not in made:
+                axis = depth - 1
+                start = starts[axis][tap[axis]]
+                made[key] = aten.slice.Tensor(made[key[:-1]], axis + 2, start,
+                                              start + (sizes[axis] - 1) * steps[axis] + 1, steps[axis])
+        yield tap, made[tap]
 
 
 def _weight_grad(grad_y, x, stride, padding, dilation, kernel, taps, reduce_dims):
@@ -127,12 +141,8 @@ def _weight_grad(grad_y, x, stride, padding, dilation, kernel, taps, reduce_dims
         pads += [p, p]
     xp = aten.constant_pad_nd.default(x, pads, 0.0) if any(padding) else x
     out_sizes = list(grad_y.shape[2:])
-    sums = []
-    for tap in taps:
-        window = xp
-        for axis, (i, d, s, o) in enumerate(zip(tap, dilation, stride, out_sizes)):
-            start = i * d
-            window = aten.slice.Tensor(window, axis + 2, start, start + (o - 1) * s + 1, s)
-        sums.append(aten.sum.dim_IntList(aten.mul.Tensor(grad_y, window), reduce_dims))
+    starts = [[i * d for i in range(k)] for k, d in zip(kernel, dilation)]
+    sums = [aten.sum.dim_IntList(aten.mul.Tensor(grad_y, window), reduce_dims)
+            for _, window in _windows(xp, taps, starts, out_sizes, stride)]
     stacked = aten.stack.default(sums, 1)
     return aten.view.default(stacked, [x.shape[1], 1] + kernel)
