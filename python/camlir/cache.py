@@ -186,7 +186,10 @@ class Artifact:
     """One compiled program for a captured backward, and what it assumes.
 
     `retraced` holds the re-trace's shape guards (symbolic captures), `hook_guard` what the
-    inlined hook bodies assume (None: nothing inlined, or the program checks per variant).
+    inlined hook bodies assume (None: nothing inlined, or the program checks per variant),
+    `scalars` the values of the graph's lifted scalars it was traced with: the re-trace
+    bakes them in as constants (PyTorch lifts a number an autograd node saved, e.g. an int
+    in a C++ Function's `saved_data`, and captures once for every value).
     """
 
     retraced: Any
@@ -194,6 +197,7 @@ class Artifact:
     program: Any
     backend: str
     hook_guard: Any = None
+    scalars: tuple = ()
 
 
 class Artifacts:
@@ -205,11 +209,16 @@ class Artifacts:
     def add(self, artifact: Artifact) -> None:
         self.items.append(artifact)
 
-    def find(self, backend: str, inputs, sizes, hooks, on_miss=None):
+    def find(self, backend: str, inputs, sizes, hooks, on_miss=None, scalars=()):
         """The first artifact for `backend` whose guards hold for this call, or None.
         `on_miss(reason)` hears why an artifact whose shapes fit was passed over."""
         for artifact in self.items:
             if artifact.backend != backend or not artifact.retraced.guards_hold(inputs, sizes):
+                continue
+            changed = scalar_change(artifact.scalars, scalars)
+            if changed:
+                if on_miss is not None:
+                    on_miss(changed)
                 continue
             values = artifact.retraced.value_guard
             if not values.holds(hooks):
@@ -222,6 +231,18 @@ class Artifacts:
             if on_miss is not None:
                 on_miss(guard.reason(hooks))
         return None
+
+
+def scalar_change(traced: tuple, now) -> str:
+    """Why a program traced with the lifted scalars `traced` does not fit this call's
+    `now` ("" when it does): a value or its type changed (NaN matches NaN)."""
+    now = tuple(now)
+    if len(now) != len(traced):
+        return f"scalars changed: {len(traced)} traced, {len(now)} now"
+    for i, (old, new) in enumerate(zip(traced, now)):
+        if type(old) is not type(new) or not (old == new or (old != old and new != new)):
+            return f"scalar {i} changed from {old!r} to {new!r}"
+    return ""
 
 
 @dataclass

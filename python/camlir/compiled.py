@@ -128,7 +128,7 @@ class CompiledBackward:
         compiles_before = counters["compiles"]
         sizes_ = plain_sizes(sizes)
         try:
-            artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss)
+            artifact = self.artifacts.find(settings.backend, inputs, sizes_, hooks, self._log_miss, scalars)
             if artifact is None:
                 artifact = self._from_disk(settings, inputs, sizes_, scalars, hooks)
             if artifact is None and self._unpacked is None and has_unpack_hooks(self.gm):
@@ -204,7 +204,7 @@ class CompiledBackward:
                 f"the limit, or enable(dynamic=True)); their reasons: {reasons}")
 
     def _log_miss(self, reason: str) -> None:
-        what = "hooks" if reason.startswith("hook") else "ctx value"
+        what = "hooks" if reason.startswith("hook") else "scalars" if reason.startswith("scalar") else "ctx value"
         self._miss = (what, reason)
 
     def _compile(self, settings, inputs, sizes, scalars, hooks, packed_data) -> Artifact:
@@ -264,7 +264,7 @@ class CompiledBackward:
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
             counters["unique_graphs"] += 1
-        artifact = Artifact(retraced, module, program, settings.backend, hook_guard)
+        artifact = Artifact(retraced, module, program, settings.backend, hook_guard, tuple(scalars))
         self.artifacts.add(artifact)
         _compiled.append((self.capture_id, artifact))
         logs.log.debug("compiled graph %d in %.3f s", self.capture_id, time.perf_counter() - start)
@@ -300,7 +300,8 @@ class CompiledBackward:
             return None
         if not retraced.guards_hold(inputs, sizes) or not retraced.value_guard.holds(hooks):
             return None
-        artifact = Artifact(retraced, module, program, settings.backend, None)
+        # the disk key holds the scalars' values, so the stored program was traced with these
+        artifact = Artifact(retraced, module, program, settings.backend, None, tuple(scalars))
         self.artifacts.add(artifact)
         _compiled.append((self.capture_id, artifact))
         self._disk_key = None  # nothing to store: it came from there

@@ -267,3 +267,37 @@ def test_pure_custom_backward_still_compiles():
         Scale.apply(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
     assert camlir.counters["compiles"] == 1 and camlir.counters["fallbacks"] == 0
+
+
+def _graph_reading_a_scalar():
+    """A graph with compiled autograd's calling convention, `(inputs, sizes, scalars,
+    hooks, packed_data)`, whose result reads a lifted scalar: what PyTorch captures once for
+    a C++ autograd::Function that keeps a number in `ctx->saved_data` (the scalar is lifted
+    so that one capture serves every value)."""
+
+    class Graph(torch.nn.Module):
+        def forward(self, inputs, sizes, scalars, hooks, packed_data):
+            x = inputs[0]
+            return [x * scalars[0] + 1.0]
+
+    return torch.fx.symbolic_trace(Graph())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("values", [[1, 2, 3, 1], [1.1, 2.2, 3.3, 1.1], [2, 2.0]])
+def test_a_lifted_scalar_that_changes_is_not_baked_in(backend, values):
+    # test_autograd_cpp_node_saved_int/_float: the re-trace bakes the scalars in as
+    # constants, and the program compiled for the first value ran for every later one
+    # (gradients 2, 2, 2, 2 where eager gives 2, 3, 4, 2). A program now fits only the
+    # values it was traced with (2 and 2.0 differ: an int and a float trace differently).
+    from camlir.compiled import CompiledBackward
+
+    gm = _graph_reading_a_scalar()
+    compiled = CompiledBackward(gm, [])
+    x = torch.randn(4, 3)
+    with camlir.enable(backend=backend):
+        for value in values:
+            [got] = compiled([x], [], [value], [], [])
+            torch.testing.assert_close(got, x * value + 1.0)
+    assert camlir.counters["compiles"] == len({(type(v), v) for v in values})
+    assert camlir.counters["cache_hits"] == len(values) - camlir.counters["compiles"]
