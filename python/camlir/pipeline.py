@@ -30,8 +30,10 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
     blas         matmuls become calls to MKL's gemm                 ca-matmul-to-blas, ca-define-blas-wrappers
     threads      big parallel generics outlined, each to run one   linalg-generalize-named-ops,
                  block of a dimension per OpenMP thread            ca-outline-parallel-loops
-    loops        8-wide vectorized affine loops (scalar loops where ..., ca-bound-parallel-loops
-                 the vectorizer refuses); split loops cut to a block
+    loops        loads through static slices folded into their        ca-fold-views,
+                 buffer's indices; 8-wide vectorized affine loops     ..., ca-bound-parallel-loops
+                 (scalar loops where the vectorizer refuses); split
+                 loops cut to a block
     llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
                  bf16/f16 conversions with f64 and integers through ca-narrow-float-conversions,
                  f32, f32<->bf16 as integer bit operations (no soft- arith-expand{include-bf16=true},
