@@ -41,6 +41,7 @@ from camlir.stats import counters
 
 _original_backward = torch.autograd.backward
 _original_grad = torch.autograd.grad
+_original_engine = torch.autograd.Variable._execution_engine
 _grad_signature = inspect.signature(_original_grad)
 _local = threading.local()  # `inside`: this thread is already in a wrapped backward
 _lock = threading.Lock()
@@ -57,13 +58,45 @@ def set_compiler(fn: Optional[Callable]) -> None:
 
 
 def refresh_patch() -> None:
-    """Installs the backward wrapper while anything uses camlir, removes it otherwise."""
+    """Installs the backward wrapper (and the engine that keeps queued callbacks,
+    `_CallbackKeepingEngine`) while anything uses camlir, removes them otherwise."""
     with _lock:
         wanted = in_use()
         backward = _camlir_backward if wanted else _original_backward
         if torch.autograd.backward is not backward:
             torch.autograd.backward = backward
             torch.autograd.grad = _camlir_grad if wanted else _original_grad
+            torch.autograd.Variable._execution_engine = _keeping_engine if wanted else _original_engine
+
+
+class _CallbackKeepingEngine:
+    """`Variable._execution_engine` while camlir is in use: PyTorch's engine, except that a
+    callback queued (`queue_callback`) while compiled autograd runs a backward for camlir
+    runs when that backward ends (`at_end`), as the eager engine runs it. Compiled autograd
+    drops such callbacks (torch 2.13): a Python hook or custom backward that finishes its
+    work in one (FSDP- and DDP-style reducers do) never had it run under camlir, silently.
+    Everything else is PyTorch's engine's."""
+
+    def __init__(self):
+        self.run_backward = _original_engine.run_backward  # every backward: no __getattr__
+
+    def queue_callback(self, callback):
+        if getattr(_local, "keep_callbacks", False) and _tracing():
+            # camlir is tracing a custom backward or a hook on fake tensors: what the callback
+            # does must happen on every backward, not once now. The trace refuses it, so the
+            # backward runs as Python (and its callback runs when the backward ends).
+            raise UnsupportedError("queues a callback on the autograd engine (queue_callback): it must run "
+                                   "on every backward, so this Python cannot be traced into the program")
+        if getattr(_local, "keep_callbacks", False):
+            _local.at_end.append(lambda failed: None if failed else callback())
+            return None
+        return _original_engine.queue_callback(callback)
+
+    def __getattr__(self, name):
+        return getattr(_original_engine, name)
+
+
+_keeping_engine = _CallbackKeepingEngine()
 
 
 class _ReasonCollector(logging.Handler):
@@ -252,7 +285,11 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
         # reentrant depth of 60 the engine runs the inner backward on a worker thread, whose
         # `_local` is fresh; it then waited for `_one_at_a_time`, held by the thread waiting
         # for it (a deadlock; PyTorch's test_deep_reentrant).
-        return call()
+        keep, _local.keep_callbacks = getattr(_local, "keep_callbacks", False), False
+        try:  # its own callbacks run when it ends, on PyTorch's engine
+            return call()
+        finally:
+            _local.keep_callbacks = keep
     settings = active_settings()
     route = None
     if (settings is not None and graph_choice.routes.shortcuts and not settings.fullgraph
@@ -335,9 +372,11 @@ def _captured(call: Callable, settings):
     try:
         with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
             torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
+            _local.keep_callbacks = True
             try:
                 return call()
             finally:
+                _local.keep_callbacks = False
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
         if getattr(_local, "ran", False) or _past_capture(exc):
@@ -468,15 +507,22 @@ def in_backward() -> bool:
 
 
 def _ended(failed: bool) -> None:
+    # A callback may queue more: as on the eager engine, they run too, in order.
     callbacks, _local.at_end = getattr(_local, "at_end", []), []
-    for fn in callbacks:
-        if not failed:
-            fn(False)
-            continue
-        try:
-            fn(True)
-        except Exception:  # noqa: BLE001 - the backward's own error is the one to raise
-            logs.log.exception("camlir: an end-of-backward callback failed after the backward failed")
+    keep, _local.keep_callbacks = getattr(_local, "keep_callbacks", False), True
+    try:
+        while callbacks:
+            for fn in callbacks:
+                if not failed:
+                    fn(False)
+                    continue
+                try:
+                    fn(True)
+                except Exception:  # noqa: BLE001 - the backward's own error is the one to raise
+                    logs.log.exception("camlir: an end-of-backward callback failed after the backward failed")
+            callbacks, _local.at_end = _local.at_end, []
+    finally:
+        _local.keep_callbacks = keep
 
 
 def _not_capturable(api: str, create_graph: bool, batched: bool, vmapped: bool = False) -> Optional[str]:
