@@ -497,7 +497,8 @@ def at_end(fn: Callable[[bool], None]) -> None:
     before `backward()` returns, `fn(True)` when it raises. For hooks that must finish
     something before the backward returns (camlir/ddp.py waits for its all-reduces here):
     PyTorch drops the final callbacks a hook queues with
-    `Variable._execution_engine.queue_callback` in a compiled backward (torch 2.13)."""
+    `Variable._execution_engine.queue_callback` in a compiled backward (torch 2.13), so
+    while camlir is in use that call lands here too (`_CallbackKeepingEngine`)."""
     _local.at_end.append(fn)
 
 
