@@ -392,7 +392,14 @@ def _float64_check(model, buffers, kwargs, seed, train, loss, failed, camlir_mod
     from fuzz_programs import _within_rounding  # the fuzzer's rule (docs/fuzzing.md)
 
     def fresh(dtype):
-        m = copy.deepcopy(model)
+        try:
+            m = copy.deepcopy(model)
+        except RuntimeError:
+            # a module caching a tensor made from its parameters in eval mode (timm's
+            # attention-bias caches) holds a non-leaf, which deepcopy refuses; train() drops it
+            model.train(True)
+            model.train(train)
+            m = copy.deepcopy(model)
         with torch.no_grad():
             for n, b in m.named_buffers():
                 b.copy_(buffers[n])
