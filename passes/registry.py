@@ -4,6 +4,7 @@ from typing import Optional
 
 from .approximate_math import ApproximateMath
 from .copies_to_linalg import CopiesToLinalg
+from .depthwise_kernels import DepthwiseKernels
 from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fold_views import FoldViews
@@ -24,7 +25,7 @@ from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, SinkViews,
-          LowerToLinalg,
+          LowerToLinalg, DepthwiseKernels,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           DefineParallelForks,

@@ -1,78 +1,79 @@
-"""Depthwise convolution backwards compiled as camlir loops (capture/depthwise_conv.py), and
-the view folding that lets the loops stage vectorize their slices (passes/fold_views.py)."""
+"""Depthwise convolution backwards compiled as camlir window loops (passes/depthwise_kernels.py),
+and the view folding that lets the loops stage vectorize slices (passes/fold_views.py)."""
 
+import copy
 import itertools
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import camlir
-from camlir.capture import depthwise_conv
+from camlir.passes import depthwise_kernels
 from helpers import assert_grads_equal, eager_and_camlir
-
-aten = torch.ops.aten
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 def _cases():
-    """Spatial rank, kernel, stride, dilation, padding, input extent: strides and dilations
-    past 1, padding up to the kernel's reach, odd extents."""
-    for spatial, (k, s, d, p, h) in itertools.product(
-            (1, 2, 3), [(3, 1, 1, 1, 4), (5, 1, 1, 2, 2), (3, 2, 1, 1, 7), (2, 1, 2, 0, 5), (5, 2, 1, 2, 8),
-                        (3, 3, 2, 4, 9), (1, 1, 1, 0, 3)]):
+    """Spatial rank, kernel, stride, dilation (the last dim's is 1), padding, input extent,
+    bias: strides and dilations past 1, padding up to the kernel's reach, odd extents, at
+    most 16 output positions."""
+    for spatial, (k, s, d, p, h, bias) in itertools.product(
+            (1, 2, 3), [(3, 1, 1, 1, 4, False), (5, 1, 1, 2, 2, True), (3, 2, 1, 1, 7, False),
+                        (2, 1, 2, 0, 5, True), (5, 2, 1, 2, 8, False), (3, 3, 2, 2, 7, True),
+                        (1, 1, 1, 0, 3, False)]):
         if spatial == 3 and k == 5:
-            continue  # 125 taps: past MAX_TAPS, a case of its own below
-        yield spatial, k, s, d, p, h
+            continue  # 125 taps: past MAX_TAPS
+        dil = [d] * (spatial - 1) + [1]
+        out = [(h + 2 * p - di * (k - 1) - 1) // s + 1 for di in dil]
+        if math.prod(out) <= depthwise_kernels.MAX_OUTPUT_POSITIONS:
+            yield spatial, k, s, dil, p, h, bias
 
 
-@pytest.mark.parametrize("spatial,k,s,d,p,h", list(_cases()))
-def test_the_decomposition_equals_pytorchs_backward(spatial, k, s, d, p, h, monkeypatch):
-    monkeypatch.setattr(depthwise_conv, "MAX_OUTPUT_POSITIONS", 10 ** 9)
-    torch.manual_seed(0)
+def _weighted_sum(y):
+    """A loss whose gradient differs per output element (a plain sum would hide a swapped tap)."""
+    return (y * torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype).reshape(y.shape)).sum()
+
+
+@pytest.mark.parametrize("spatial,k,s,dil,p,h,bias", list(_cases()))
+def test_a_depthwise_backward_compiles_to_window_loops_exact_in_float64(spatial, k, s, dil, p, h, bias):
     channels = 3
-    x = torch.randn(2, channels, *[h] * spatial, dtype=torch.float64)
-    w = torch.randn(channels, 1, *[k] * spatial, dtype=torch.float64)
-    y = _CONV[spatial](x, w, None, s, p, d, channels)
-    gy = torch.randn_like(y)
-    for mask in ([True, True, True], [True, False, False], [False, True, True]):
-        args = (gy, x, w, [channels], [s] * spatial, [p] * spatial, [d] * spatial, False, [0] * spatial,
-                channels, mask)
-        expected = aten.convolution_backward(*args)
-        got = depthwise_conv.depthwise_convolution_backward(*args)
-        assert got is not NotImplemented
-        for e, g in zip(expected, got):
-            if e is None:
-                assert g is None
-            else:
-                torch.testing.assert_close(g, e)
+    conv = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[spatial](
+        channels, channels, k, s, p, dil, channels, bias=bias).double()
+    camlir.reset()
+    eager, ours = eager_and_camlir(lambda: copy.deepcopy(conv),
+                                   lambda: [torch.randn(2, channels, *[h] * spatial, dtype=torch.float64,
+                                                        requires_grad=True)],
+                                   lambda m, x: _weighted_sum(m(x)), steps=2, backend="cpu")
+    assert_grads_equal(eager, ours)
+    [(_, _, program)] = camlir.compiled_programs()
+    assert "torch.aten.convolution_backward" not in program.lowered_text  # the window-loop kernel
+    camlir.reset()
 
 
-@pytest.mark.parametrize("what", ["grouped", "multiplier", "transposed", "bf16", "past_reach", "taps",
-                                  "large_map"])
+@pytest.mark.parametrize("what", ["grouped", "multiplier", "large_map", "dilated_last_dim", "taps"])
 def test_what_it_does_not_take_stays_one_host_op(what):
     torch.manual_seed(0)
-    c, groups, wc, dtype, pad, k, h = 4, 4, 1, torch.float32, 1, 3, 4
+    c, groups, out, k, pad, dil, h = 4, 4, 4, 3, 1, 1, 4
     if what == "grouped":
-        groups, wc = 2, 2  # 2 input channels per group
+        groups = 2  # 2 input channels per group
     if what == "multiplier":
-        wc = 1
-    if what == "bf16":
-        dtype = torch.bfloat16
-    if what == "past_reach":
-        pad = 3  # more than (k - 1) * dilation
+        out = 8  # 2 output channels per input channel
+    if what == "large_map":
+        h = 16  # 16x16 outputs: torch's kernel is faster there
+    if what == "dilated_last_dim":
+        dil, pad = 2, 2
     if what == "taps":
         k, pad = 9, 4  # 81 taps
-    if what == "large_map":
-        h = 16  # 16x16 outputs: eager's kernel is faster there
-    out_channels = 2 * c if what == "multiplier" else c
-    x = torch.randn(2, c, h, h, dtype=dtype)
-    w = torch.randn(out_channels, wc, k, k, dtype=dtype)
-    y = F.conv2d(x, w, None, 1, pad, 1, groups)
-    got = depthwise_conv.depthwise_convolution_backward(
-        torch.randn_like(y), x, w, None, [1, 1], [pad, pad], [1, 1], what == "transposed", [0, 0], groups,
-        [True, True, False])
-    assert got is NotImplemented
+    conv = torch.nn.Conv2d(c, out, k, 1, pad, dil, groups, bias=False)
+    camlir.reset()
+    eager, ours = eager_and_camlir(lambda: copy.deepcopy(conv), lambda: [torch.randn(2, c, h, h, requires_grad=True)],
+                                   lambda m, x: m(x).square().sum(), backend="cpu")
+    assert_grads_equal(eager, ours, rtol=1e-4, atol=1e-4)
+    [(_, _, program)] = camlir.compiled_programs()
+    assert "torch.aten.convolution_backward" in program.lowered_text
+    camlir.reset()
 
 
 class _MobileTail(torch.nn.Module):

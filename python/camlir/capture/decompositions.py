@@ -21,7 +21,6 @@ from typing import Optional
 import torch
 from torch._decomp import get_decompositions
 
-from .depthwise_conv import depthwise_convolution_backward
 
 aten = torch.ops.aten
 
@@ -335,7 +334,6 @@ def decomposition_table() -> dict:
     table[aten.mean.default] = _mean
     table[aten.index_put.default] = _index_put(aten.index_put.default)
     table[aten._unsafe_index_put.default] = _index_put(aten._unsafe_index_put.default)
-    table[aten.convolution_backward.default] = depthwise_convolution_backward
     for op in _FLOAT32_OPS:
         inner = table.get(op)
         table[op] = _first_of(_in_float32(op), inner) if inner else _in_float32(op)
