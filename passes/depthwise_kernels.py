@@ -10,6 +10,7 @@ from camlir.dialects.ca.ir_helpers import find_func, func_name, funcs, ops_named
 from camlir.dialects.ca.types import tensor_sig
 
 from .base import CAPass
+from .lower_to_linalg import TWIN_ATTR, TWIN_SUFFIX
 
 # Where torch's CPU kernel is slow: maps of at most 4x4 outputs (the late layers of a mobile
 # network). Per layer of MobileNetV3-small (batch 8, 1 thread, backward alone, eager against
@@ -36,7 +37,10 @@ class DepthwiseKernels(CAPass):
 
     Torch's CPU kernel for it is slow on small maps (0.5-1.6 ms per MobileNet layer where
     these loops take a third to a half), and torch-mlir has no lowering for a grouped
-    `convolution_backward`. The loop order keeps the vectorizer right: the innermost loop
+    `convolution_backward`. With `twins=true` the op itself stays as the kernel's torch twin
+    (`@<kernel>__torch`, as ca-lower-to-linalg keeps them), so the cpu runtime measures the
+    loops against torch's kernel on the real inputs and runs the faster. The loop order
+    keeps the vectorizer right: the innermost loop
     is a parallel dim read and written with unit steps (the last spatial dim for the input,
     the last tap dim for the weight, the channels for the bias), never a reduction, whose
     partial vectors it would sum past the loop's end.
@@ -60,6 +64,7 @@ class DepthwiseKernels(CAPass):
     summary = "Depthwise convolution backwards on small maps as kernels of window loops"
 
     function: str = "backward"
+    twins: bool = False
 
     def run(self, module: ir.Operation) -> None:
         host = find_func(module, self.function)
@@ -68,7 +73,7 @@ class DepthwiseKernels(CAPass):
         for op in ops_named(host, "torch.aten.convolution_backward"):
             plan = _plan(op)
             if plan is not None:
-                _replace(module, host, op, plan)
+                _replace(module, host, op, plan, self.twins)
 
 
 @dataclasses.dataclass
@@ -221,7 +226,7 @@ def _kernel_text(name: str, p: _Plan) -> tuple:
     return "\n".join(lines).replace("RESULTS", ", ".join(types)), types
 
 
-def _replace(module: ir.Operation, host: ir.Operation, op: ir.Operation, plan: _Plan) -> None:
+def _replace(module: ir.Operation, host: ir.Operation, op: ir.Operation, plan: _Plan, twins: bool) -> None:
     prefix = f"{func_name(host)}_kernel_"
     taken = [func_name(fn)[len(prefix):] for fn in funcs(module) if func_name(fn).startswith(prefix)]
     name = f"{prefix}{1 + max((int(t) for t in taken if t.isdigit()), default=-1)}"
@@ -229,6 +234,8 @@ def _replace(module: ir.Operation, host: ir.Operation, op: ir.Operation, plan: _
     context = module.context
     parsed = ir.Module.parse(text, context)
     parsed.body.operations[0].clone(ir.InsertionPoint(module.regions[0].blocks[0]))
+    if twins:
+        _add_twin(module, op, name, plan.mask)
     with context, op.location, ir.InsertionPoint(op):
         args = [ir.Operation.create("torch_c.to_builtin_tensor", results=[ir.Type.parse(_builtin(v.type), context)],
                                     operands=[v]).results[0] for v in op.operands[:3]]
@@ -242,6 +249,41 @@ def _replace(module: ir.Operation, host: ir.Operation, op: ir.Operation, plan: _
                 back = ir.Operation.create("torch.constant.none", results=[result.type]).results[0]
             result.replace_all_uses_with(back)
     op.erase()
+
+
+def _add_twin(module: ir.Operation, op: ir.Operation, name: str, mask: list) -> None:
+    """`@<name>__torch`: the op itself, its constant operands cloned in, on the kernel's
+    three tensors, returning the gradients the kernel returns."""
+    arg_types = [v.type for v in op.operands[:3]]
+    result_types = [r.type for r, wanted in zip(op.results, mask) if wanted]
+    with module.context, op.location:
+        twin = func.FuncOp(name + TWIN_SUFFIX, (arg_types, result_types), visibility="private",
+                           ip=ir.InsertionPoint(module.regions[0].blocks[0]))
+        twin.operation.attributes[TWIN_ATTR] = ir.StringAttr.get(name)
+        block = twin.add_entry_block()
+        mapping = dict(zip(list(op.operands[:3]), list(block.arguments)))
+        with ir.InsertionPoint(block):
+            for value in op.operands[3:]:
+                _clone_constant(value, mapping)
+            copy = op.clone()
+            for i, v in enumerate(list(copy.operands)):
+                copy.operands[i] = mapping[v]
+            if "ca.host" in copy.attributes:
+                del copy.attributes["ca.host"]
+            func.ReturnOp([r for r, wanted in zip(copy.results, mask) if wanted])
+
+
+def _clone_constant(value: ir.Value, mapping: dict) -> None:
+    """Clones the constant (or list of constants) making `value`, its operands first."""
+    if value in mapping:
+        return
+    owner = value.owner.operation
+    for v in owner.operands:
+        _clone_constant(v, mapping)
+    copy = owner.clone()
+    for i, v in enumerate(list(copy.operands)):
+        copy.operands[i] = mapping[v]
+    mapping[value] = copy.results[0]
 
 
 def _builtin(t: ir.Type) -> str:

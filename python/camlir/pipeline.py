@@ -16,7 +16,7 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
                  (cut at Python hooks and host ops); views that     ca-outline-kernels, ca-sink-views
                  cross a cut recomputed by the kernels reading them
     linalg       kernels to linalg on tensors, fused; each kernel's  ca-lower-to-linalg{twins=true},
-                 torch original kept as its twin (the runtime runs  ca-depthwise-kernels,
+                 torch original kept as its twin (the runtime runs  ca-depthwise-kernels{twins=true},
                  whichever measures faster: backends/cpu/choice.py); ca-fuse-elementwise,
                  depthwise convolution backwards on small maps as   ca-unique-kernel-results
                  kernels of window loops
@@ -252,7 +252,7 @@ def kernels(module: ir.Module, dump: Dump) -> None:
 def linalg(module: ir.Module, dump: Dump) -> None:
     """linalg: kernels lowered to linalg on tensors and fused; ops the lowering cannot take
     move to the host (logged, one line per op name)."""
-    run_stage("linalg", module, ["ca-lower-to-linalg{twins=true}", "ca-depthwise-kernels", "ca-fuse-elementwise",
+    run_stage("linalg", module, ["ca-lower-to-linalg{twins=true}", "ca-depthwise-kernels{twins=true}", "ca-fuse-elementwise",
                                  "ca-unique-kernel-results"], dump)
     if "ca.host_ops" in module.operation.attributes:
         moved = sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(module.operation.attributes["ca.host_ops"])})

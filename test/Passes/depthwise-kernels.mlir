@@ -1,4 +1,12 @@
 // RUN: ca-opt %s --split-input-file --ca-depthwise-kernels | FileCheck %s
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-depthwise-kernels{twins=true})' | FileCheck %s --check-prefix=TWIN
+
+// With twins=true the op stays as the kernel's torch twin, on the kernel's three tensors,
+// returning the two gradients the kernel returns (the runtime measures one against the other).
+// TWIN: func.func private @backward_kernel_1__torch(%{{.*}}: !torch.vtensor<[2,8,2,2],f32>, %{{.*}}: !torch.vtensor<[2,8,4,4],f32>, %{{.*}}: !torch.vtensor<[8,1,3,3],f32>) -> (!torch.vtensor<[2,8,4,4],f32>, !torch.vtensor<[8,1,3,3],f32>) attributes {ca.torch_twin = "backward_kernel_1"}
+// TWIN: %[[R0:.*]], %[[R1:.*]], %{{.*}} = torch.aten.convolution_backward %arg0, %arg1, %arg2, %none
+// TWIN-NOT: ca.host
+// TWIN: return %[[R0]], %[[R1]]
 
 // A depthwise 3x3 backward (8 channels, 2x2 outputs from 4x4 with stride 2, padding 1) on
 // the host becomes a call of a new kernel: the input gradient sums, per tap, a shifted
