@@ -21,7 +21,6 @@ from typing import Optional
 import torch
 from torch._decomp import get_decompositions
 
-
 aten = torch.ops.aten
 
 # Each: torch-mlir has no linalg lowering for the op (it fails to convert, or is not a

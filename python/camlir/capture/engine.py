@@ -81,16 +81,16 @@ class _CallbackKeepingEngine:
         self.run_backward = _original_engine.run_backward  # every backward: no __getattr__
 
     def queue_callback(self, callback):
-        if getattr(_local, "keep_callbacks", False) and _tracing():
+        if not getattr(_local, "keep_callbacks", False):
+            return _original_engine.queue_callback(callback)
+        if _tracing():
             # camlir is tracing a custom backward or a hook on fake tensors: what the callback
             # does must happen on every backward, not once now. The trace refuses it, so the
             # backward runs as Python (and its callback runs when the backward ends).
             raise UnsupportedError("queues a callback on the autograd engine (queue_callback): it must run "
                                    "on every backward, so this Python cannot be traced into the program")
-        if getattr(_local, "keep_callbacks", False):
-            _local.at_end.append(lambda failed: None if failed else callback())
-            return None
-        return _original_engine.queue_callback(callback)
+        _local.at_end.append(lambda failed: None if failed else callback())
+        return None
 
     def __getattr__(self, name):
         return getattr(_original_engine, name)
