@@ -13,6 +13,7 @@ from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
 from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
+from .masked_bf16_as_i16 import MaskedBF16AsI16
 from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .narrow_float_conversions import NarrowFloatConversions
 from .outline_kernels import OutlineKernels
@@ -28,7 +29,7 @@ PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, Outlin
           LowerToLinalg, DepthwiseKernels,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
-          DefineParallelForks,
+          MaskedBF16AsI16, DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
           ParallelDimsFirst, FlattenParallel)
 
