@@ -3,6 +3,7 @@
 from typing import Optional
 
 from .approximate_math import ApproximateMath
+from .bf16_as_i16 import BF16AsI16
 from .copies_to_linalg import CopiesToLinalg
 from .depthwise_kernels import DepthwiseKernels
 from .expand_powers import ExpandPowers
@@ -13,7 +14,6 @@ from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
 from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
-from .masked_bf16_as_i16 import MaskedBF16AsI16
 from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .narrow_float_conversions import NarrowFloatConversions
 from .outline_kernels import OutlineKernels
@@ -29,7 +29,7 @@ PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, Outlin
           LowerToLinalg, DepthwiseKernels,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
-          MaskedBF16AsI16, DefineParallelForks,
+          BF16AsI16, DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)
           ParallelDimsFirst, FlattenParallel)
 

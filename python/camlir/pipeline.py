@@ -39,8 +39,8 @@ capture one per size set, or one for all sizes with `dynamic=True`; see `cache.S
     llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
                  bf16/f16 conversions with f64 and integers through ca-narrow-float-conversions,
                  f32, f32<->bf16 as integer bit operations (no soft- arith-expand{include-bf16=true},
-                 float calls left for the JIT, masked bf16 vector   convert-*-to-llvm,
-                 loads and stores as i16 ones); the threads stage's ca-masked-bf16-as-i16,
+                 float calls left for the JIT: bf16 values that are convert-*-to-llvm,
+                 only moved become i16); the threads stage's        ca-bf16-as-i16,
                  forks as GOMP_parallel calls                       ca-define-parallel-forks
     jit          MLIR's ExecutionEngine at -O2, BLAS symbols linked  backends/cpu/jit.py
 
@@ -370,7 +370,7 @@ _TO_LLVM = [
     "finalize-memref-to-llvm",
     "convert-to-llvm",
     "reconcile-unrealized-casts",
-    "ca-masked-bf16-as-i16",  # else LLVM widens masked bf16 vectors through __truncsfbf2 calls
+    "ca-bf16-as-i16",  # else LLVM widens some moves of bf16 lanes through __truncsfbf2 calls
     "ca-define-parallel-forks",  # the threads stage's forks, as GOMP_parallel calls
 ]
 

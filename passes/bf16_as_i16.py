@@ -1,0 +1,153 @@
+"""ca-bf16-as-i16: in the LLVM dialect, bf16 values that are only moved become i16 values.
+
+Why: after `arith-expand{include-bf16=true}` the llvm stage has no bf16 arithmetic left;
+bf16 values are only loaded, stored, shuffled between vectors, selected and passed between
+blocks. The x86 backend has no bf16 registers without AVX512-BF16, and it legalizes some of
+those moves by widening the lanes to f32 and narrowing them back, through calls of
+`__truncsfbf2` that the JIT cannot resolve ("JIT session error: Symbols not found:
+[ __truncsfbf2 ]"). Seen: masked vector loads and stores at the end of a row whose length
+is not a multiple of 8 (a bf16 ResNet-18 under autocast), and the element-by-element
+transposes the vectorizer's strided reads become (`vector<1xbf16>` arrays, insertelement /
+extractelement: GPT-2 and BERT under autocast). The whole graph was then interpreted. A
+move of bits is the same move on i16, which every x86 backend handles as it is.
+
+What it does: every bf16 type in the module (scalars, vectors, arrays, structs, function
+signatures, the element types of `alloca` and `getelementptr`) becomes i16; bf16 constants
+become i16 constants with the same bits; a bitcast between bf16 and i16 (what arith-expand
+left around its integer rounding) disappears. An op that still computes on bf16 (arithmetic,
+a comparison, an intrinsic that is not a masked load or store) fails the pass with its
+name: it would need the soft-float calls, and i16 would change its meaning.
+"""
+
+import dataclasses
+import re
+import struct
+
+from torch_mlir import ir
+
+from camlir.dialects.ca.ir_helpers import ops_matching
+
+from .base import CAPass, PassFailure
+
+# Ops that move bits: their meaning on i16 lanes is their meaning on bf16 lanes.
+_MOVES = frozenset((
+    "llvm.load", "llvm.store", "llvm.alloca", "llvm.getelementptr", "llvm.bitcast",
+    "llvm.insertelement", "llvm.extractelement", "llvm.shufflevector",
+    "llvm.insertvalue", "llvm.extractvalue", "llvm.select", "llvm.mlir.constant",
+    "llvm.mlir.poison", "llvm.mlir.undef", "llvm.mlir.zero", "llvm.br", "llvm.cond_br",
+    "llvm.switch", "llvm.return", "llvm.call", "llvm.func", "llvm.intr.masked.load",
+    "llvm.intr.masked.store", "llvm.intr.masked.gather", "llvm.intr.masked.scatter",
+    "llvm.intr.masked.expandload", "llvm.intr.masked.compressstore", "llvm.intr.memcpy",
+    "llvm.intr.memmove", "llvm.intr.memset", "builtin.module",
+))
+# bf16 as a type in a type's text: alone, or a shaped type's element (`vector<8xbf16>`).
+_BF16 = re.compile(r"(?:(?<=[\d\]?]x)|(?<![\w.]))bf16(?!\w)")
+
+
+@dataclasses.dataclass(frozen=True)
+class BF16AsI16(CAPass):
+    """Rewrites every bf16 type in an LLVM-dialect module to i16, for ops that only move
+    values (loads, stores, masked loads and stores, vector and aggregate inserts and
+    extracts, shuffles, selects, allocas, block arguments, calls, constants with the same
+    bits); bitcasts between bf16 and i16 fold away. Fails on an op that computes on bf16.
+
+    Before:
+    ```mlir
+    %p = llvm.mlir.poison : vector<8xbf16>
+    %v = llvm.intr.masked.load %a, %m, %p {alignment = 2 : i32} : (!llvm.ptr, vector<8xi1>, vector<8xbf16>) -> vector<8xbf16>
+    %b = llvm.bitcast %i : vector<8xi16> to vector<8xbf16>
+    %s = llvm.select %c, %v, %b : vector<8xi1>, vector<8xbf16>
+    llvm.store %s, %q : vector<8xbf16>, !llvm.ptr
+    ```
+    After:
+    ```mlir
+    %p = llvm.mlir.poison : vector<8xi16>
+    %v = llvm.intr.masked.load %a, %m, %p {alignment = 2 : i32} : (!llvm.ptr, vector<8xi1>, vector<8xi16>) -> vector<8xi16>
+    %s = llvm.select %c, %v, %i : vector<8xi1>, vector<8xi16>
+    llvm.store %s, %q : vector<8xi16>, !llvm.ptr
+    ```
+    """
+
+    argument = "ca-bf16-as-i16"
+    summary = "bf16 values the LLVM dialect only moves, as i16 (no soft-float calls)"
+
+    def run(self, module: ir.Operation) -> None:
+        bf16_as_i16(module)
+
+
+def bf16_as_i16(module) -> int:
+    """Rewrites `module` in place; returns how many ops were touched."""
+    touched = [op for op in ops_matching(module, _mentions_bf16)]
+    for op in touched:
+        if op.name not in _MOVES:
+            raise PassFailure(f"ca-bf16-as-i16: '{op.name}' computes on bf16 values; only moves of "
+                              f"them can become i16 (bf16 arithmetic should have been expanded by "
+                              f"arith-expand{{include-bf16=true}})", op)
+    for op in touched:
+        with op.context:
+            _retype(op)
+    for op in touched:
+        if op.name == "llvm.bitcast" and op.operands[0].type == op.results[0].type:
+            op.results[0].replace_all_uses_with(op.operands[0])
+            op.erase()
+    return len(touched)
+
+
+def _mentions_bf16(op) -> bool:
+    if any(_has_bf16(v.type) for v in list(op.operands) + list(op.results)):
+        return True
+    if any(_has_bf16(a.type) for region in op.regions for block in region for a in block.arguments):
+        return True
+    return any(isinstance(a.attr, ir.TypeAttr) and _has_bf16(a.attr.value) for a in _named(op))
+
+
+def _named(op) -> list:
+    """`op`'s attributes as NamedAttributes (iterating the map gives their names only)."""
+    return [op.attributes[i] for i in range(len(op.attributes))]
+
+
+def _has_bf16(t) -> bool:
+    return _BF16.search(str(t)) is not None
+
+
+def _i16(t):
+    return ir.Type.parse(_BF16.sub("i16", str(t))) if _has_bf16(t) else t
+
+
+def _retype(op) -> None:
+    for value in op.results:
+        value.set_type(_i16(value.type))
+    for region in op.regions:
+        for block in region:
+            for arg in block.arguments:
+                arg.set_type(_i16(arg.type))
+    for named in _named(op):
+        attr = named.attr
+        if isinstance(attr, ir.TypeAttr) and _has_bf16(attr.value):
+            op.attributes[named.name] = ir.TypeAttr.get(_i16(attr.value))
+    if op.name == "llvm.mlir.constant" and "value" in op.attributes:
+        op.attributes["value"] = _bits(op.attributes["value"])
+
+
+def _bits(attr):
+    """A bf16 float or dense attribute as the i16 attribute of the same bits."""
+    i16 = ir.IntegerType.get_signless(16)
+    if isinstance(attr, ir.FloatAttr) and isinstance(attr.type, ir.BF16Type):
+        return ir.IntegerAttr.get(i16, _bf16_bits(attr.value))
+    if isinstance(attr, ir.DenseFPElementsAttr) and isinstance(ir.ShapedType(attr.type).element_type, ir.BF16Type):
+        # The bindings cannot read bf16 elements, so the attribute's text is read: each
+        # element is printed as a decimal that converts back exactly, or as its hex bits.
+        elements = str(attr).rsplit(" : ", 1)[0][len("dense<"):-1].strip("[]")
+        bits = [int(e, 16) if e.startswith("0x") else _bf16_bits(float(e)) for e in elements.split(", ")]
+        bits = [b - 0x10000 if b >= 0x8000 else b for b in bits]
+        target = _i16(attr.type)
+        if attr.is_splat or len(bits) == 1:
+            return ir.Attribute.parse(f"dense<{bits[0]}> : {target}")
+        return ir.Attribute.parse(f"dense<[{', '.join(map(str, bits))}]> : {target}")  # LLVM vectors are 1-D
+    return attr
+
+
+def _bf16_bits(value: float) -> int:
+    """The bf16 bits of `value`, which is a bf16 number (exact in f32), as a signed i16."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+    return bits - 0x10000 if bits >= 0x8000 else bits
