@@ -25,6 +25,9 @@ driver (see `missing`). All use 2 layers, width 128, 4 heads, vocabulary 1000, d
 - BERT: BertForMaskedLM (MLP 512), masked-LM loss on ~15% of the positions (the others -100)
 - T5: T5ForConditionalGeneration (2 encoder + 2 decoder layers, d_kv 32, MLP 256),
       seq2seq loss; decoder inputs are the labels shifted right
+- GPT2-bf16: GPT2 with its forward under `torch.autocast("cpu", dtype=torch.bfloat16)`
+      (float32 parameters, bf16 matmuls and activations: mixed-precision training); its
+      gradients are checked at bf16's tolerance (`TOLERANCE`)
 - ResNet18, MobileNetV3: bench/vision_models.py (written from the papers; torchvision does not
       import beside this torch), 10 classes, cross-entropy; images (8, 3, 64, 64), BatchNorm
       in training mode
@@ -35,10 +38,14 @@ from typing import Any, Callable, Tuple
 
 # Nothing here imports torch at module level: the driver (bench.run) reads NAMES without it.
 NAMES = ("W1", "W2", "W3", "W4", "W5", "CNN", "Transformer",
-         "GPT2", "Llama", "BERT", "T5", "ResNet18", "MobileNetV3")
-REAL_MODELS = ("GPT2", "Llama", "BERT", "T5", "ResNet18", "MobileNetV3")
+         "GPT2", "Llama", "BERT", "T5", "ResNet18", "MobileNetV3", "GPT2-bf16")
+REAL_MODELS = ("GPT2", "Llama", "BERT", "T5", "ResNet18", "MobileNetV3", "GPT2-bf16")
 DEFAULT = NAMES[:7]  # what `python -m bench.run` runs without --workloads: the real models are opt-in
-REQUIRES = {name: "transformers" for name in ("GPT2", "Llama", "BERT", "T5")}  # beyond torch
+REQUIRES = {name: "transformers" for name in ("GPT2", "Llama", "BERT", "T5", "GPT2-bf16")}  # beyond torch
+# (rtol, atol, atol as a fraction of the gradient's largest entry) of the first-step check
+# where float32's (bench.run's RTOL, ATOL) does not apply: bf16 matmuls round their outputs,
+# and eager's bf16 kernels and camlir's (f32 matmuls of the bf16 operands) round differently.
+TOLERANCE = {"GPT2-bf16": (1.6e-2, 1e-5, 2e-2)}
 INSTALL_HINT = "pip install -e '.[bench]' (see bench/README.md)"
 FORWARD_BACKEND = "aot_eager"  # backend of W5's compiled forward, the same for every variant
 
@@ -77,6 +84,15 @@ def missing(name: str):
 def _hf_loss(model, inputs):
     input_ids, labels = inputs
     return model(input_ids=input_ids, labels=labels).loss
+
+
+def _autocast_bf16(forward):
+    import torch
+
+    def under_autocast(model, inputs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(model, inputs)
+    return under_autocast
 
 
 def _hf_model(name: str):
@@ -152,17 +168,17 @@ def build(name: str) -> Workload:
         inputs = (randn(32, 3, 32, 32), randint(10, (32,)))
         forward = _cross_entropy
     elif name in REQUIRES:  # Hugging Face language models
-        model = _hf_model(name)
+        model = _hf_model(name.split("-")[0])
         tokens = randint(1000, (4, 64))
         labels = randint(1000, (4, 64))
-        if name in ("GPT2", "Llama"):
+        if name in ("GPT2", "Llama", "GPT2-bf16"):
             labels = tokens  # next-token prediction; the model shifts the labels itself
         elif name == "BERT":  # masked LM: ~15% of positions masked (token 3) and scored
             masked = torch.rand(4, 64, generator=generator) < 0.15
             labels = torch.where(masked, tokens, torch.full_like(tokens, -100))
             tokens = torch.where(masked, torch.full_like(tokens, 3), tokens)
         inputs = (tokens, labels)
-        forward = _hf_loss
+        forward = _hf_loss if name != "GPT2-bf16" else _autocast_bf16(_hf_loss)
     elif name in ("ResNet18", "MobileNetV3"):
         from bench import vision_models
 

@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+import camlir
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
@@ -54,7 +56,7 @@ def test_missing_package_is_reported(monkeypatch):
     assert workloads.missing("W1") is None
 
 
-@pytest.mark.parametrize("name", ["GPT2", "Llama", "BERT", "T5"])
+@pytest.mark.parametrize("name", ["GPT2", "Llama", "BERT", "T5", "GPT2-bf16"])
 def test_hugging_face_workloads_build(name):
     pytest.importorskip("transformers")
     a, b = workloads.build(name), workloads.build(name)
@@ -63,3 +65,23 @@ def test_hugging_face_workloads_build(name):
     assert torch.equal(loss, b.forward(b.model, b.inputs))  # same seeds, same loss
     loss.backward()
     assert all(p.grad is not None for p in a.model.parameters() if p.requires_grad)
+
+
+def test_gpt2_bf16_runs_its_forward_under_autocast_and_compiles_natively():
+    """The mixed-precision row: bf16 activations, f32 parameters; camlir's program (no
+    interpreted graph: its bf16 moves once went through `__truncsfbf2`) within bf16's
+    tolerance of eager's gradients, as bench.run checks them (workloads.TOLERANCE)."""
+    pytest.importorskip("transformers")
+    camlir.reset()
+    w, reference = workloads.build("GPT2-bf16"), workloads.build("GPT2-bf16")
+    reference.forward(reference.model, reference.inputs).backward()
+    loss = w.forward(w.model, w.inputs)
+    assert loss.dtype == torch.float32
+    with camlir.enable(backend="cpu"):
+        loss.backward()
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0
+    rtol, atol, of_max = workloads.TOLERANCE["GPT2-bf16"]
+    expected = dict(reference.model.named_parameters())
+    for name, p in w.model.named_parameters():
+        e = expected[name].grad
+        torch.testing.assert_close(p.grad, e, rtol=rtol, atol=max(atol, of_max * e.abs().max().item()), msg=name)
