@@ -41,6 +41,11 @@ _MOVES = frozenset((
     "llvm.intr.memmove", "llvm.intr.memset", "builtin.module",
 ))
 # bf16 as a type in a type's text: alone, or a shaped type's element (`vector<8xbf16>`).
+# bf16 as a type in a type's text: alone, or a shaped type's element (`vector<8xbf16>`).
+# Where a bf16 value can start (its other ops take one as an operand).
+_SOURCES = frozenset(("llvm.load", "llvm.intr.masked.load", "llvm.intr.masked.gather", "llvm.intr.masked.expandload",
+                      "llvm.mlir.constant", "llvm.mlir.poison", "llvm.mlir.undef", "llvm.mlir.zero", "llvm.bitcast",
+                      "llvm.func", "llvm.alloca", "llvm.call", "llvm.fptrunc", "llvm.sitofp", "llvm.uitofp"))
 _BF16 = re.compile(r"(?:(?<=[\d\]?]x)|(?<![\w.]))bf16(?!\w)")
 
 
@@ -77,7 +82,15 @@ class BF16AsI16(CAPass):
 
 def bf16_as_i16(module) -> int:
     """Rewrites `module` in place; returns how many ops were touched."""
-    touched = [op for op in ops_matching(module, _mentions_bf16)]
+    seen = {}  # type -> whether it holds bf16: types are uniqued, their text is slow to print
+
+    def has_bf16(t) -> bool:
+        found = seen.get(t)
+        if found is None:
+            found = seen[t] = _has_bf16(t)
+        return found
+
+    touched = ops_matching(module, lambda op: _mentions_bf16(op, has_bf16))
     for op in touched:
         if op.name not in _MOVES:
             raise PassFailure(f"ca-bf16-as-i16: '{op.name}' computes on bf16 values; only moves of "
@@ -93,12 +106,36 @@ def bf16_as_i16(module) -> int:
     return len(touched)
 
 
-def _mentions_bf16(op) -> bool:
-    if any(_has_bf16(v.type) for v in list(op.operands) + list(op.results)):
+def holds_bf16(module) -> bool:
+    """Whether any value in `module` (any dialect) has a bf16 type: the cpu pipeline asks it
+    of the loops stage's module, ~10x smaller than the LLVM dialect's, and runs this pass
+    only then (it costs ~1 s on an f32 MobileNetV3's 43,008 LLVM-dialect ops)."""
+    seen = {}
+
+    def has_bf16(t) -> bool:
+        found = seen.get(t)
+        if found is None:
+            found = seen[t] = _has_bf16(t)
+        return found
+
+    def visit(op):
+        if any(has_bf16(v.type) for v in op.results) or any(
+                has_bf16(a.type) for region in op.regions for block in region for a in block.arguments):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    found = []
+    module.walk(visit)
+    return bool(found)
+
+
+def _mentions_bf16(op, has_bf16) -> bool:
+    if any(has_bf16(v.type) for v in op.operands) or any(has_bf16(v.type) for v in op.results):
         return True
-    if any(_has_bf16(a.type) for region in op.regions for block in region for a in block.arguments):
+    if op.regions and any(has_bf16(a.type) for region in op.regions for block in region for a in block.arguments):
         return True
-    return any(isinstance(a.attr, ir.TypeAttr) and _has_bf16(a.attr.value) for a in _named(op))
+    return any(isinstance(a.attr, ir.TypeAttr) and has_bf16(a.attr.value) for a in _named(op))
 
 
 def _named(op) -> list:
