@@ -59,6 +59,20 @@ def test_fuzz_seed(seed):
     assert not bad, f"seed {seed} ({result['description']}): {bad}"
 
 
+# bfloat16 programs with a bf16 constant global (a memref.global of zeros), which
+# ca-bf16-as-i16's first version refused, so that their graphs were interpreted (native
+# before that pass and after its fix). "ok" would hide that, so the class must be native.
+NATIVE_BF16 = [165, 168, 451]
+
+
+@pytest.mark.parametrize("seed", NATIVE_BF16)
+def test_bf16_seed_compiles_natively(seed):
+    result = fuzz_programs.check(seed, modes=("camlir_cpu",))
+    assert fuzz_programs.generate(seed).dtype == "bfloat16"
+    mode = result["modes"]["camlir_cpu"]
+    assert mode["class"] == "ok-native", f"seed {seed}: {mode['class']}: {mode['detail']}"
+
+
 # --------------------------------------------------------------------------------------
 # The bugs the fuzzer found, each as a few lines (docs/fuzzing.md has the story of each).
 # --------------------------------------------------------------------------------------
