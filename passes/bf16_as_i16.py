@@ -44,7 +44,11 @@ _MOVES = frozenset((
     "llvm.intr.masked.expandload", "llvm.intr.masked.compressstore", "llvm.intr.memcpy",
     "llvm.intr.memmove", "llvm.intr.memset", "builtin.module",
 ))
+# Ops that name types in attributes (element, global and function types).
+_TYPED = frozenset(("llvm.func", "llvm.alloca", "llvm.getelementptr", "llvm.mlir.global", "llvm.call"))
 # bf16 as a type in a type's text: alone, or a shaped type's element (`vector<8xbf16>`).
+# Ops that name types in attributes (element, global and function types).
+_TYPED = frozenset(("llvm.func", "llvm.alloca", "llvm.getelementptr", "llvm.mlir.global", "llvm.call"))
 # bf16 as a type in a type's text: alone, or a shaped type's element (`vector<8xbf16>`).
 # Where a bf16 value can start (its other ops take one as an operand).
 _SOURCES = frozenset(("llvm.load", "llvm.intr.masked.load", "llvm.intr.masked.gather", "llvm.intr.masked.expandload",
@@ -95,9 +99,16 @@ def bf16_as_i16(module) -> int:
             found = seen[t] = _has_bf16(t)
         return found
 
-    touched = ops_matching(module, lambda op: _mentions_bf16(op, has_bf16))
-    if any(op.name not in _MOVES or not _convertible(op) for op in touched):
+    # The ops that define a bf16 value or name a bf16 type; an op that only takes one (an
+    # fadd, a store) is found among the defining ones' users, so operands are not looked
+    # at (GPT-2-bf16's 43k ops: 0.8 s against 1.5 s with them).
+    touched = ops_matching(module, lambda op: _defines_bf16(op, has_bf16))
+    users = [use.owner for op in touched for value in _defined(op) if has_bf16(value.type) for use in value.uses]
+    if any(op.name not in _MOVES for op in users) or any(
+            op.name not in _MOVES or not _convertible(op) for op in touched):
         return 0  # as it was: LLVM may still take it (it did before this pass existed)
+    takers = {op: None for op in users if not _defines_bf16(op, has_bf16)}  # stores, returns, ...
+    touched += list(takers)  # once each: a bitcast among them is erased below
     for op in touched:
         with op.context:
             _retype(op)
@@ -132,12 +143,20 @@ def holds_bf16(module) -> bool:
     return bool(found)
 
 
-def _mentions_bf16(op, has_bf16) -> bool:
-    if any(has_bf16(v.type) for v in op.operands) or any(has_bf16(v.type) for v in op.results):
+def _defines_bf16(op, has_bf16) -> bool:
+    """Whether `op` has a bf16 result or block argument, or a bf16 type among its attributes."""
+    if any(has_bf16(v.type) for v in _defined(op)):
         return True
-    if op.regions and any(has_bf16(a.type) for region in op.regions for block in region for a in block.arguments):
-        return True
-    return any(isinstance(a.attr, ir.TypeAttr) and has_bf16(a.attr.value) for a in _named(op))
+    return op.name in _TYPED and any(isinstance(a.attr, ir.TypeAttr) and has_bf16(a.attr.value) for a in _named(op))
+
+
+def _defined(op) -> list:
+    """The values `op` defines: its results and its regions' block arguments."""
+    values = list(op.results)
+    for region in op.regions:
+        for block in region:
+            values += list(block.arguments)
+    return values
 
 
 def _named(op) -> list:
