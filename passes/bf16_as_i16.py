@@ -91,14 +91,7 @@ class BF16AsI16(CAPass):
 
 def bf16_as_i16(module) -> int:
     """Rewrites `module` in place; returns how many ops were touched."""
-    seen = {}  # type -> whether it holds bf16: types are uniqued, their text is slow to print
-
-    def has_bf16(t) -> bool:
-        found = seen.get(t)
-        if found is None:
-            found = seen[t] = _has_bf16(t)
-        return found
-
+    has_bf16 = _bf16_test()
     # The ops that define a bf16 value or name a bf16 type; an op that only takes one (an
     # fadd, a store) is found among the defining ones' users, so operands are not looked
     # at (GPT-2-bf16's 43k ops: 0.8 s against 1.5 s with them).
@@ -123,13 +116,7 @@ def holds_bf16(module) -> bool:
     """Whether any value in `module` (any dialect) has a bf16 type: the cpu pipeline asks it
     of the loops stage's module, ~10x smaller than the LLVM dialect's, and runs this pass
     only then (it costs ~1 s on an f32 MobileNetV3's 43,008 LLVM-dialect ops)."""
-    seen = {}
-
-    def has_bf16(t) -> bool:
-        found = seen.get(t)
-        if found is None:
-            found = seen[t] = _has_bf16(t)
-        return found
+    has_bf16 = _bf16_test()
 
     def visit(op):
         if any(has_bf16(v.type) for v in op.results) or any(
@@ -162,6 +149,18 @@ def _defined(op) -> list:
 def _named(op) -> list:
     """`op`'s attributes as NamedAttributes (iterating the map gives their names only)."""
     return [op.attributes[i] for i in range(len(op.attributes))]
+
+
+def _bf16_test():
+    """`_has_bf16` remembering its answers: types are uniqued, and printing one is slow."""
+    seen = {}
+
+    def has_bf16(t) -> bool:
+        found = seen.get(t)
+        if found is None:
+            found = seen[t] = _has_bf16(t)
+        return found
+    return has_bf16
 
 
 def _has_bf16(t) -> bool:
