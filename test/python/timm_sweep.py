@@ -3,6 +3,7 @@
     nice -n 10 .venv/bin/python test/python/timm_sweep.py --extra-path DIR[:DIR]
         [--models A,B] [--backend cpu|eager] [--timeout 300] [--json out.json]
         [--keep-cache] [--threads 1] [--shim auto|yes|no] [--probe]
+        [--autocast bf16] [--channels-last]
 
 The sibling of model_sweep.py (Hugging Face `transformers`), and the same machinery: each
 model in its own subprocess with a timeout (`model_sweep.sweep`), the same steps and judge
@@ -25,6 +26,14 @@ the stand-in in timm_shim/ is used (`--shim auto`, the default; see its __init__
 
 `--probe` builds each model and runs one eager forward and backward (no camlir): a quick
 check of the table on a new timm version.
+
+`--channels-last`: the model (`model.to(memory_format=torch.channels_last)`, after the
+batch-norm calibration) and every step's images (`.contiguous(memory_format=
+torch.channels_last)`) in channels_last on both sides; the float32 judge as usual.
+`--autocast bf16`: every forward under CPU autocast to bf16 on both sides and the bf16
+judge (model_sweep.py's doc: rtol 1.6e-2, atol 1e-2 x max|eager gradient|, then the
+float64 check against the exact gradient; "max grad error" is relative to each gradient's
+largest magnitude).
 """
 
 import argparse
@@ -138,9 +147,10 @@ def setup_paths(extra_path=None, shim="auto"):
     return use
 
 
-def build(name):
+def build(name, channels_last=False):
     """The model `name` (random weights from a seed, a cross-entropy loss: the forward returns
-    an object with `.loss`) and `inputs(step)` (the same tensors for the same step)."""
+    an object with `.loss`) and `inputs(step)` (the same tensors for the same step); with
+    `channels_last`, the model's parameters and the images in that memory format."""
     import types
 
     import timm
@@ -176,10 +186,14 @@ def build(name):
 
     model = WithLoss(make()).float()
     _calibrate_batch_norms(model.net, size)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    if channels_last:
+        model = model.to(memory_format=fmt)
 
     def inputs(step):
         g = torch.Generator().manual_seed(1000 + step)
-        return dict(pixel_values=torch.randn(BATCH, 3, size, size, generator=g),
+        images = torch.randn(BATCH, 3, size, size, generator=g)
+        return dict(pixel_values=images.contiguous(memory_format=fmt),
                     labels=torch.randint(0, CLASSES, (BATCH,), generator=g))
 
     return model, inputs
@@ -214,15 +228,15 @@ def _calibrate_batch_norms(net, size):
 
 
 def run_model(name, backend="cpu", steps=model_sweep.STEPS, train_step=True,
-              timing_calls=model_sweep.TIMING_CALLS):
+              timing_calls=model_sweep.TIMING_CALLS, autocast=None, channels_last=False):
     """model_sweep.run_model for a timm model: a record dict (see model_sweep's doc)."""
     try:
-        model, inputs = build(name)
+        model, inputs = build(name, channels_last)
     except Exception as err:
         return model_sweep._new_record(name, backend, result="eager-failed",
                                        error=f"build: {type(err).__name__}: {err}"[:2000])
     return model_sweep.run_built(name, model, inputs, backend, steps, train_step, timing_calls,
-                                 max_update=MAX_UPDATE)
+                                 max_update=MAX_UPDATE, autocast=autocast)
 
 
 def probe(names):
@@ -252,8 +266,10 @@ def _child(args):
     torch.set_num_threads(args.threads)  # as model_sweep: one intra-op thread by default
     if args.one not in MODELS:
         raise SystemExit(f"unknown model {args.one}")
-    record = run_model(args.one, backend=args.backend)
+    record = run_model(args.one, backend=args.backend, autocast=args.autocast,
+                       channels_last=args.channels_last)
     record["timm"] = timm.__version__
+    record["autocast"], record["channels_last"] = args.autocast, args.channels_last
     made = MODELS[args.one][0]
     record["timm_model"] = made if isinstance(made, str) else made.__name__
     with open(args.out, "w") as f:
@@ -272,6 +288,8 @@ def main(argv=None):
                          "does not import)")
     ap.add_argument("--probe", action="store_true",
                     help="only build each model and run one eager backward")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and images in torch.channels_last memory format (both sides)")
     model_sweep.add_sweep_args(ap)
     args = ap.parse_args(argv)
     names = args.models.split(",") if args.models else list(MODELS)
@@ -285,7 +303,8 @@ def main(argv=None):
     results = model_sweep.sweep(
         names, args.backend, args.timeout, args.keep_cache, args.threads,
         log=lambda line: print(line, flush=True), script=os.path.abspath(__file__),
-        child_args=["--extra-path", args.extra_path, "--shim", args.shim])
+        child_args=["--extra-path", args.extra_path, "--shim", args.shim,
+                    "--autocast", args.autocast] + ["--channels-last"] * args.channels_last)
     model_sweep.report(results, args.json)
     return 0
 
