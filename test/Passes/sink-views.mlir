@@ -147,3 +147,44 @@ func.func private @backward_kernel_1(%a: !torch.vtensor<[?],f32>) -> !torch.vten
   %0 = torch.aten.neg %a : !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
   return %0 : !torch.vtensor<[?],f32>
 }
+
+// -----
+
+// A channels_last saved activation, passed permuted to contiguous (NHWC) and permuted back
+// in the kernel, that only a host op (run through torch) reads: the host makes the view
+// from the argument itself, so torch's kernel gets the channels_last tensor with no copy,
+// and the kernel keeps only its own result.
+// CHECK-LABEL: func.func @backward
+// CHECK-SAME: (%[[G:.*]]: !torch.vtensor<[2,3,4,4],f32>, %[[X:.*]]: !torch.vtensor<[2,4,4,3],f32>)
+// CHECK: %[[NCHW:.*]] = torch.aten.permute %[[X]], %{{.*}} : !torch.vtensor<[2,4,4,3],f32>, !torch.list<int> -> !torch.vtensor<[2,3,4,4],f32>
+// CHECK-NEXT: %[[K:.*]] = call @backward_kernel_0(%[[G]]) : (!torch.vtensor<[2,3,4,4],f32>) -> !torch.vtensor<[2,3,4,4],f32>
+// CHECK: torch.aten.convolution_backward %[[K]], %[[NCHW]], {{.*}} {ca.host}
+// CHECK: func.func private @backward_kernel_0(%{{.*}}: !torch.vtensor<[2,3,4,4],f32>) -> !torch.vtensor<[2,3,4,4],f32>
+// CHECK-NOT: torch.aten.permute
+// CHECK: return
+func.func @backward(%g: !torch.vtensor<[2,3,4,4],f32>, %x: !torch.vtensor<[2,4,4,3],f32>) {
+  %0:2 = call @backward_kernel_0(%g, %x) : (!torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,4,4,3],f32>) -> (!torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,3,4,4],f32>)
+  %none = torch.constant.none
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %false = torch.constant.bool false
+  %true = torch.constant.bool true
+  %bias = torch.prim.ListConstruct %int0 : (!torch.int) -> !torch.list<int>
+  %ones = torch.prim.ListConstruct %int1, %int1 : (!torch.int, !torch.int) -> !torch.list<int>
+  %zeros = torch.prim.ListConstruct %int0, %int0 : (!torch.int, !torch.int) -> !torch.list<int>
+  %mask = torch.prim.ListConstruct %false, %true, %false : (!torch.bool, !torch.bool, !torch.bool) -> !torch.list<bool>
+  %w = torch.vtensor.literal(dense<1.0> : tensor<3x3x1x1xf32>) : !torch.vtensor<[3,3,1,1],f32>
+  %r0, %r1, %r2 = torch.aten.convolution_backward %0#0, %0#1, %w, %bias, %ones, %zeros, %ones, %false, %zeros, %int1, %mask {ca.host} : !torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[3,3,1,1],f32>, !torch.list<int>, !torch.list<int>, !torch.list<int>, !torch.list<int>, !torch.bool, !torch.list<int>, !torch.int, !torch.list<bool> -> !torch.none, !torch.vtensor<[3,3,1,1],f32>, !torch.none
+  return
+}
+func.func private @backward_kernel_0(%g: !torch.vtensor<[2,3,4,4],f32>, %x: !torch.vtensor<[2,4,4,3],f32>) -> (!torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,3,4,4],f32>) attributes {ca.kernel} {
+  %float2 = torch.constant.float 2.000000e+00
+  %0 = torch.aten.mul.Scalar %g, %float2 : !torch.vtensor<[2,3,4,4],f32>, !torch.float -> !torch.vtensor<[2,3,4,4],f32>
+  %int0 = torch.constant.int 0
+  %int3 = torch.constant.int 3
+  %int1 = torch.constant.int 1
+  %int2 = torch.constant.int 2
+  %perm = torch.prim.ListConstruct %int0, %int3, %int1, %int2 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %1 = torch.aten.permute %x, %perm : !torch.vtensor<[2,4,4,3],f32>, !torch.list<int> -> !torch.vtensor<[2,3,4,4],f32>
+  return %0, %1 : !torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,3,4,4],f32>
+}

@@ -116,3 +116,38 @@ def test_optimizer_in_backward_matches_eager():
             torch.testing.assert_close(p, q, msg=f"step {step}: {name}")
             assert p.grad is None
     assert camlir.counters["interpreted"] == 0
+
+
+def test_a_channels_last_convolution_backward_gets_channels_last_saved_tensors():
+    """The saved input and weight of a channels_last convolution reach torch's convolution
+    backward as channels_last tensors, as on the eager engine: they used to be written out
+    by a kernel as NCHW copies (a 2.6x slower backward, channels_last + bf16 autocast)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Strides(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution_backward.default:
+                seen.append((args[1].stride(), args[2].stride()))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    grads = []
+    for enabled in (False, True):
+        conv.zero_grad(set_to_none=True)
+        loss = conv(x).square().sum()
+        with Strides():
+            if enabled:
+                with camlir.enable(backend="cpu", fullgraph=True):
+                    loss.backward()
+            else:
+                loss.backward()
+        grads.append(conv.weight.grad.clone())
+    assert camlir.counters["compiles"] == 1 and camlir.counters["interpreted"] == 0
+    # eager's call, then the capture's (on fake tensors) and camlir's program's
+    assert len(seen) == 3 and seen[0] == seen[2], f"eager's strides, then camlir's: {seen}"
+    assert seen[2][0] == x.stride() and seen[2][1] == conv.weight.stride()
+    torch.testing.assert_close(grads[1], grads[0])
