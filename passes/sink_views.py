@@ -347,6 +347,11 @@ def _views_on_host(call: ir.Operation, kernels: dict) -> bool:
                 and all(isinstance(u, ir.OpView) and HOST_ATTR in u.operation.attributes for u in uses)):
             continue
         view = _clone_chain(chain, call.operands[args.index(base)], call)
+        made = view
+        for _ in chain:  # the views stay host ops (run through torch), not a new kernel
+            op = defining_op(made)
+            op.attributes[HOST_ATTR] = ir.UnitAttr.get()
+            made = op.operands[0]
         call.results[i].replace_all_uses_with(view)
         drop.add(i)
     if drop:

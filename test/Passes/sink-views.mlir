@@ -156,7 +156,7 @@ func.func private @backward_kernel_1(%a: !torch.vtensor<[?],f32>) -> !torch.vten
 // and the kernel keeps only its own result.
 // CHECK-LABEL: func.func @backward
 // CHECK-SAME: (%[[G:.*]]: !torch.vtensor<[2,3,4,4],f32>, %[[X:.*]]: !torch.vtensor<[2,4,4,3],f32>)
-// CHECK: %[[NCHW:.*]] = torch.aten.permute %[[X]], %{{.*}} : !torch.vtensor<[2,4,4,3],f32>, !torch.list<int> -> !torch.vtensor<[2,3,4,4],f32>
+// CHECK: %[[NCHW:.*]] = torch.aten.permute %[[X]], %{{.*}} {ca.host} : !torch.vtensor<[2,4,4,3],f32>, !torch.list<int> -> !torch.vtensor<[2,3,4,4],f32>
 // CHECK-NEXT: %[[K:.*]] = call @backward_kernel_0(%[[G]]) : (!torch.vtensor<[2,3,4,4],f32>) -> !torch.vtensor<[2,3,4,4],f32>
 // CHECK: torch.aten.convolution_backward %[[K]], %[[NCHW]], {{.*}} {ca.host}
 // CHECK: func.func private @backward_kernel_0(%{{.*}}: !torch.vtensor<[2,3,4,4],f32>) -> !torch.vtensor<[2,3,4,4],f32>
