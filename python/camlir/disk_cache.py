@@ -48,6 +48,7 @@ from typing import Optional
 
 import torch
 
+from camlir import environment as environment_variables  # not `environment`: environment() below
 from camlir import logs
 from camlir.cache import ValueGuard
 from camlir.capture.retrace import CompiledGuards, static_dims_hold
@@ -277,7 +278,7 @@ def enabled() -> bool:
     """Whether the disk cache is on: `config.disk_cache`, unless `CAMLIR_DISK_CACHE=0`."""
     from camlir.settings import config
 
-    return config.disk_cache and os.environ.get("CAMLIR_DISK_CACHE", "1") not in ("0", "false", "off", "")
+    return config.disk_cache and environment_variables.flag("CAMLIR_DISK_CACHE")
 
 
 def put_later(key: str, make_files) -> None:

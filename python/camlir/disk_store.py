@@ -57,6 +57,8 @@ try:
 except ImportError:  # not POSIX: eviction runs unlocked (every step is a rename anyway)
     fcntl = None
 
+from camlir import environment  # standard library only, like this module
+
 log = logging.getLogger("camlir")
 
 FORMAT_VERSION = 1
@@ -75,10 +77,10 @@ def default_directory() -> str:
     """`$CAMLIR_CACHE_DIR` if set (and not empty), else `$XDG_CACHE_HOME/camlir` if
     `XDG_CACHE_HOME` is an absolute path (the XDG spec says to ignore a relative one),
     else `~/.cache/camlir`."""
-    explicit = os.environ.get(ENV_DIR)
+    explicit = environment.text(ENV_DIR)
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = environment.raw("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):
         return os.path.join(xdg, "camlir")
     return os.path.join(os.path.expanduser("~"), ".cache", "camlir")
@@ -95,7 +97,7 @@ def parse_size(text: str) -> int:
 def default_max_bytes() -> int:
     """`$CAMLIR_CACHE_MAX_BYTES` if set and valid (a bad value is logged and ignored), else
     `DEFAULT_MAX_BYTES`."""
-    text = os.environ.get(ENV_MAX_BYTES)
+    text = environment.text(ENV_MAX_BYTES)
     if text:
         try:
             return parse_size(text)

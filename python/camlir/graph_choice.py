@@ -41,9 +41,10 @@ different collectives). `CAMLIR_GRAPH_CHOICE=0` turns the measurement off (fallb
 stays: it is about correctness, not speed).
 """
 
-import os
 import random
 import statistics
+
+from camlir import environment
 
 START = 16
 # Timed in blocks, not alternating call by call: each side's first calls after a switch run
@@ -89,7 +90,7 @@ _SHARED = "shared"  # a shallow key seen with two structures: always walk
 def enabled() -> bool:
     """Whether compiled backwards are timed against the eager engine (`CAMLIR_GRAPH_CHOICE`,
     default on)."""
-    return os.environ.get("CAMLIR_GRAPH_CHOICE", "1") not in ("0", "false", "off")
+    return environment.flag("CAMLIR_GRAPH_CHOICE")
 
 
 def structure_key(roots, inputs=()) -> tuple:

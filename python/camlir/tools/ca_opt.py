@@ -11,12 +11,12 @@ cannot be read, malformed IR, an unknown op or pass, a verifier) is reported as
 """
 
 import argparse
-import os
 import sys
 import traceback
 
 from torch_mlir import ir
 
+from camlir import environment
 from camlir.context import make_context
 from camlir.dialects.ca import verify as verify_ca
 from camlir.passes import PASSES, PipelineError, build_pass_manager, parse_pipeline
@@ -252,7 +252,7 @@ def _write_output(path: str, text: str) -> None:
 def main(argv=None) -> int:
     """The `ca-opt` entry point: `run`s `argv` (default `sys.argv[1:]`) and exits the process
     with its status, never with a traceback (1 for any failure, 130 on Ctrl-C;
-    `CA_OPT_TRACEBACK=1` prints the traceback of an internal error)."""
+    `CAMLIR_OPT_TRACEBACK=1` prints the traceback of an internal error)."""
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except _Failure as exc:
@@ -260,10 +260,10 @@ def main(argv=None) -> int:
         code = 1
     except KeyboardInterrupt:
         code = 130
-    except Exception as exc:  # never a bare traceback for users; CA_OPT_TRACEBACK=1 shows it
-        if os.environ.get("CA_OPT_TRACEBACK"):
+    except Exception as exc:  # never a bare traceback for users; CAMLIR_OPT_TRACEBACK=1 shows it
+        if environment.flag("CAMLIR_OPT_TRACEBACK"):
             traceback.print_exc()
-        print(f"ca-opt: error: internal error: {exc!r} (set CA_OPT_TRACEBACK=1 for details)",
+        print(f"ca-opt: error: internal error: {exc!r} (set CAMLIR_OPT_TRACEBACK=1 for details)",
               file=sys.stderr)
         code = 1
     sys.exit(code)

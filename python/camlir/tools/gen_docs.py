@@ -1,4 +1,5 @@
-"""Writes docs/ca-dialect.md and docs/passes.md from the op and pass docstrings.
+"""Writes docs/ca-dialect.md, docs/passes.md and docs/environment.md from the op and pass
+docstrings and the table of environment variables (`camlir.environment.VARIABLES`).
 
     python -m camlir.tools.gen_docs [docs-dir]      # write
     python -m camlir.tools.gen_docs --check [dir]   # exit 1 if a file is out of date
@@ -8,6 +9,7 @@ import inspect
 import os
 import sys
 
+from camlir import environment
 from camlir.dialects.ca import OPS
 from camlir.passes import PASSES
 
@@ -48,7 +50,27 @@ def passes_md() -> str:
     return "".join(out)
 
 
-FILES = {"ca-dialect.md": dialect_md, "passes.md": passes_md}
+def environment_md() -> str:
+    """The text of docs/environment.md: every environment variable camlir reads, from
+    `camlir.environment.VARIABLES` (`markdown_table()`)."""
+    return "".join([
+        _HEADER, "# Environment variables\n\n",
+        "Every environment variable camlir reads is read in one place, "
+        "[`python/camlir/environment.py`](../python/camlir/environment.py) (`environment.flag`, "
+        "`text`, `integer` and `raw`, each reading the environment when called), and listed in its "
+        "table, below. camlir's own variables are named `CAMLIR_*`; the old `CA_*` names still "
+        "work (when both are set, the new name wins). The last rows are not camlir's: it only "
+        "looks at them. Everything `camlir.config` and `camlir.enable()` set is plain Python; "
+        "these are for what a whole process should do, or for debugging.\n\n",
+        environment.markdown_table(),
+        "\nThe benchmarks (`bench/`) read no variables of their own; they set `CAMLIR_DISK_CACHE`, "
+        "`CAMLIR_GRAPH_CHOICE`, `CAMLIR_JIT_WORKERS`, `CAMLIR_MALLOC_TUNING` and `CAMLIR_CACHE_DIR` "
+        "for the processes they measure. The shell scripts `tools/setup.sh`, `tools/check_wheel.sh` "
+        "and `bench/gpu_check.sh` read `PYTHON` (the interpreter to use).\n",
+    ])
+
+
+FILES = {"ca-dialect.md": dialect_md, "passes.md": passes_md, "environment.md": environment_md}
 
 
 def main(argv=None) -> int:

@@ -18,13 +18,12 @@ KernelChoice`), which `camlir.compiled_programs()` shows. `CAMLIR_KERNEL_CHOICE=
 the measurement off (native code always).
 """
 
-import os
 import statistics
 import time
 
 import torch
 
-from camlir import logs
+from camlir import environment, logs
 
 SAMPLES = 5     # timings of each candidate before deciding
 MARGIN = 0.9    # the twin must be at least 10% faster to replace native code
@@ -32,7 +31,7 @@ MARGIN = 0.9    # the twin must be at least 10% faster to replace native code
 
 def enabled() -> bool:
     """Whether kernels are chosen by measurement (`CAMLIR_KERNEL_CHOICE`, default on)."""
-    return os.environ.get("CAMLIR_KERNEL_CHOICE", "1") not in ("0", "false", "off")
+    return environment.flag("CAMLIR_KERNEL_CHOICE")
 
 
 class KernelChoice:

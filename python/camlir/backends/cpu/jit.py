@@ -25,6 +25,8 @@ import torch
 from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
 
+from camlir import environment
+
 _BLAS_SYMBOLS = ("sgemm_", "dgemm_", "sgemm_batch_", "dgemm_batch_")
 # libgomp's, for the threads stage (passes/parallel_loops.py); reached through
 # libtorch_cpu.so, which links the libgomp torch's OpenMP threads belong to.
@@ -54,7 +56,7 @@ def blas_symbols() -> dict:
 def parallel_runtime() -> bool:
     """Whether kernels may split loops over torch's OpenMP threads: libgomp is reachable and
     `CAMLIR_THREADS` is not 0."""
-    if os.environ.get("CAMLIR_THREADS", "1") in ("0", "false", "off"):
+    if not environment.flag("CAMLIR_THREADS"):
         return False
     return all(name in blas_symbols() for name in _OMP_SYMBOLS)
 
@@ -64,11 +66,7 @@ def parallel_min_elements() -> int:
     32768, the grain below which PyTorch's own elementwise kernels stay on one thread.
     `CAMLIR_THREADS_MIN_ELEMENTS` overrides it (the fuzzer sets it low, so that the split
     runs on its small programs)."""
-    value = os.environ.get("CAMLIR_THREADS_MIN_ELEMENTS", "32768")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise ValueError(f"CAMLIR_THREADS_MIN_ELEMENTS must be a whole number, got {value!r}") from None
+    return max(1, environment.integer("CAMLIR_THREADS_MIN_ELEMENTS"))
 
 
 def jit(module: ir.Module, opt_level: int = 2) -> ExecutionEngine:
@@ -90,12 +88,9 @@ PARALLEL_MIN_OPS = 5_000
 def codegen_workers() -> int:
     """How many worker processes compile parts of a big kernel module besides this one:
     `CAMLIR_JIT_WORKERS`, else one less than the cores this process may run on (at most 7)."""
-    value = os.environ.get("CAMLIR_JIT_WORKERS")
+    value = environment.integer("CAMLIR_JIT_WORKERS")
     if value is not None:
-        try:
-            return max(0, int(value))
-        except ValueError:
-            raise ValueError(f"CAMLIR_JIT_WORKERS must be a whole number, got {value!r}") from None
+        return max(0, value)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -32,10 +32,9 @@ and so does a process whose environment sets malloc's thresholds (`GLIBC_TUNABLE
 
 import ctypes
 import ctypes.util
-import os
 import platform
 
-from camlir import logs
+from camlir import environment, logs
 
 MMAP_THRESHOLD = 64 << 20  # bytes: larger allocations keep their own mmap
 TRIM_THRESHOLD = 256 << 20  # bytes of free heap top kept
@@ -46,7 +45,7 @@ _state = {"done": False, "applied": False}
 
 def enabled() -> bool:
     """Whether camlir may tune malloc (`CAMLIR_MALLOC_TUNING`, default on)."""
-    return os.environ.get("CAMLIR_MALLOC_TUNING", "1") not in ("0", "false", "off")
+    return environment.flag("CAMLIR_MALLOC_TUNING")
 
 
 def apply() -> bool:
@@ -57,8 +56,8 @@ def apply() -> bool:
     _state["done"] = True
     if not enabled():
         return False
-    user = [name for name in _USER_SETTINGS if os.environ.get(name)]
-    if "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+    user = [name for name in _USER_SETTINGS if environment.raw(name)]
+    if "malloc" in (environment.raw("GLIBC_TUNABLES") or ""):
         user.append("GLIBC_TUNABLES")
     if user:
         logs.log.info("camlir: malloc left as configured (%s set)", ", ".join(user))

@@ -28,6 +28,8 @@ import struct
 import subprocess
 import tempfile
 
+from camlir import environment
+
 PTX_ISA = "+ptx80"
 TARGETS = ("sm_80", "sm_90")
 DEFAULT_TARGET = "sm_90"
@@ -42,10 +44,10 @@ def libdevice_path() -> str:
     """libdevice.10.bc: `$CAMLIR_LIBDEVICE`, else under `$CUDA_HOME`/`$CUDA_PATH`, else next to
     the `ptxas` on the PATH (`<cuda>/bin/ptxas` -> `<cuda>/nvvm/libdevice/`), else the copy
     the `triton` wheel ships (`triton/backends/nvidia/lib/`)."""
-    explicit = os.environ.get("CAMLIR_LIBDEVICE")
+    explicit = environment.text("CAMLIR_LIBDEVICE")
     if explicit:
         return explicit
-    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
+    roots = [environment.raw(v) for v in ("CUDA_HOME", "CUDA_PATH")]
     ptxas = shutil.which("ptxas")
     if ptxas:
         real = os.path.realpath(ptxas)
@@ -136,7 +138,7 @@ def ptxas_path():
     found = shutil.which("ptxas")
     if found:
         return found
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = environment.raw("CUDA_HOME") or environment.raw("CUDA_PATH")
     if home and os.path.isfile(os.path.join(home, "bin", "ptxas")):
         return os.path.join(home, "bin", "ptxas")
     return None
