@@ -5,8 +5,9 @@
 For W1-like (Linear(10, 10)) and W2-like (4 x (Linear(1024, 1024) + GELU), out.sum())
 backwards, the capture is made symbolic (two batch sizes through camlir's reference
 backend), the arguments of one call at the measured batch are recorded, and the symbolic
-`ca` module is compiled twice: `pipeline.make_cpu(..., dynamic=True)` (one program for all
-sizes) and `pipeline.make_cpu(..., sizes, shapes)` (the variant `SizeVariants` would
+`ca` module is compiled twice by `pipeline.compile` with the cpu backend:
+`Variant(runtime_sizes=True)` (one program for all sizes) and `Variant.specialized(sizes,
+shapes)` (the variant `SizeVariants` would
 compile for this size set). Compile times: the best of `--compiles` compiles each. Run
 times: the two programs are called alternately (start order rotating) on the same recorded
 arguments, under `torch.no_grad()` as the driver calls them; medians over `--rounds`.
@@ -21,6 +22,9 @@ import torch.nn as nn
 
 import camlir
 from camlir import compiled, pipeline
+from camlir.backends import registry
+from camlir.stages import Dump
+from camlir.variant import Variant
 
 
 def _workloads():
@@ -78,6 +82,7 @@ def main():
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
     rows = []
+    cpu = registry.get("cpu")
     for name, build in _workloads().items():
         model, make_input, capture_sizes, batch = build()
         module, args, hooks = _record(model, make_input, capture_sizes, batch)
@@ -90,9 +95,10 @@ def main():
             for kind in ("dynamic", "specialized"):
                 start = time.perf_counter()
                 if kind == "dynamic":
-                    program, _ = pipeline.make_cpu(module, args, hooks, pipeline.Dump(name), dynamic=True)
+                    program, _ = pipeline.compile(cpu, module, args, hooks, Dump(name), Variant(runtime_sizes=True))
                 else:
-                    program, _ = pipeline.make_cpu(module, args, hooks, pipeline.Dump(name), sizes, shapes)
+                    program, _ = pipeline.compile(cpu, module, args, hooks, Dump(name),
+                                                  Variant.specialized(sizes, shapes))
                 compile_s[kind].append(time.perf_counter() - start)
                 programs[kind] = program
         times = {"dynamic": [], "specialized": []}

@@ -34,7 +34,12 @@ if "torch" in sys.modules:  # DDP modules built after `import camlir` can then c
     _ddp.install()
 
 
+_SUBMODULES = ("repro",)  # `camlir.repro.keep_inputs = True` works without importing it first
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value

@@ -6,9 +6,10 @@ to find an artifact that still fits:
 
 - `Artifact`: one compiled program with what it assumes (backend, the re-trace's shape
   guards, the hook guard); `Artifacts.find` is the lookup each backward call makes.
-- `SizeVariants`: a symbolic capture's cpu code: one program with dynamic sizes, or (where
-  that cannot be compiled, or with `dynamic=False`) one per observed size set; each carries
-  the hook guard of its own trace (hooks are traced after specialization).
+- `SizeVariants`: a symbolic capture's programs on a backend that compiles static sizes:
+  one program with runtime sizes, or (where that cannot be compiled, or with
+  `dynamic=False`) one per observed size set; each carries the hook guard of its own trace
+  (hooks are traced after specialization).
 - `HookGuard`: what inlined hook bodies assume about the hooks list.
 - `ValueGuard`: the Python values a re-trace baked in, read again from the objects the
   engine passes in the hooks list (a custom Function's `ctx`); see capture/baked_values.py.
@@ -34,6 +35,8 @@ import os
 import types
 from dataclasses import dataclass, field
 from typing import Any
+
+from camlir.variant import Variant
 
 __all__ = ["Artifact", "Artifacts", "HookGuard", "RecompileLimitReached", "SizeVariants", "ValueGuard",
            "describe_hook"]
@@ -257,37 +260,39 @@ class RecompileLimitReached(RuntimeError):
 
 
 class SizeVariants:
-    """A symbolic capture's cpu code: one program with dynamic sizes, or one per size set.
+    """A symbolic capture's programs on a backend that compiles static sizes: one program
+    with runtime sizes, or one per size set.
 
-    With `dynamic` (the default once sizes have changed), the first call compiles one
-    program whose kernels take their sizes at run time (`compile_dynamic(args, hooks) ->
-    (program, hook_guard)`), and every later size set the trace's guards accept runs it: N
-    sizes cost one compile. Where that compile fails (an op the dynamic lowering refuses),
-    or without `dynamic`, each size set gets a program with its sizes as constants
-    (`compile_variant(sizes, shapes, args, hooks) -> (program, hook_guard)`; static shapes
-    let the loops vectorize fully). `fallback()` builds the reference interpreter for a size
-    set whose compile failed.
+    Where the backend has runtime sizes and `runtime_sizes` is asked for (the default once
+    sizes have changed), the first call compiles one program whose kernels take their sizes
+    at run time, and every later size set the trace's guards accept runs it: N sizes cost
+    one compile. Where that compile fails (an op the dynamic lowering refuses), or without
+    it, each size set gets a program with its sizes as constants (static shapes let the
+    loops vectorize fully).
 
-    Every compile goes through `compiling(what, reason, old, new, build) -> build()`, the
-    driver's gate, which counts, times, records and limits it (it raises
-    `RecompileLimitReached`, which passes through). The specialised key is the lifted
-    sizes plus the shapes of the arguments with dynamic dims; a program whose hook guard
-    fails is compiled again for the new hooks. With `stored` (the disk cache), a program
-    is looked up there before it is compiled, and stored once it is.
+    `build(variant, args, hooks, interpret_on_failure) -> (program, hook_guard)` is the
+    driver's (`CompiledBackward.build`): it runs the backend's stages for a
+    `pipeline.Variant` and applies the one fallback policy (with `interpret_on_failure`
+    False it raises instead, and this class specializes). Every compile goes through
+    `compiling(what, reason, old, new, make) -> make()`, the driver's gate, which counts,
+    times, records and limits it (it raises `RecompileLimitReached`, which passes through).
+    The specialized key is the lifted sizes plus the shapes of the arguments with symbolic
+    dims; a program whose hook guard fails is compiled again for the new hooks. With
+    `stored` (the disk cache), a program is looked up there before it is compiled, and
+    stored once it is.
     """
 
-    def __init__(self, n_inputs: int, dynamic_args: list, compile_variant, compile_dynamic, fallback, compiling,
+    def __init__(self, n_inputs: int, shaped_args: list, build, compiling, runtime_sizes: bool = True,
                  stored=None):
         self.stored = stored  # .load(name) -> (program, guard) | None, .save(name, program, guard): disk
         self.n_inputs = n_inputs
-        self.dynamic_args = dynamic_args
-        self.compile_variant = compile_variant
-        self.compile_dynamic = compile_dynamic
-        self.fallback = fallback
+        self.shaped_args = shaped_args  # argument numbers whose types have `?` dims
+        self.build = build
         self.compiling = compiling
         self.variants: dict = {}
-        self.dynamic = None           # _Variant of the dynamic-size program, once compiled
-        self.dynamic_error = ""       # why it could not be compiled ("" : not tried or fine)
+        self.runtime_sized = None  # _Variant of the program with runtime sizes, once compiled
+        # why there is none ("": not tried, or fine)
+        self.runtime_sizes_error = "" if runtime_sizes else "the backend compiles static sizes only"
         self.last_sizes = None
         self.kernels: dict = {}
         self.compile_seconds = 0.0
@@ -295,15 +300,15 @@ class SizeVariants:
 
     def _key(self, args) -> tuple:
         sizes = tuple(int(s) for s in args[self.n_inputs:])
-        shapes = tuple(tuple(args[i].shape) for i in self.dynamic_args)
+        shapes = tuple(tuple(args[i].shape) for i in self.shaped_args)
         return sizes, shapes
 
-    def variant(self, args, hooks, dynamic: bool = False):
+    def variant(self, args, hooks, runtime_sizes: bool = False):
         """The program for this call's sizes and hooks, compiled first when there is none."""
         args = list(args)
         key = self._key(args)
-        if dynamic and not self.dynamic_error:
-            program = self._dynamic_program(key, args, hooks)
+        if runtime_sizes and not self.runtime_sizes_error:
+            program = self._runtime_sized(key, args, hooks)
             if program is not None:
                 return program
         variant = self.variants.get(key)
@@ -321,32 +326,33 @@ class SizeVariants:
     def __call__(self, args, hooks, callbacks=(), packed=()):
         return self.variant(args, hooks)(args, hooks, callbacks, packed)
 
-    def _dynamic_program(self, key, args, hooks):
-        if self.dynamic is not None and (self.dynamic.guard is None or self.dynamic.guard.holds(hooks)):
-            return self.dynamic.program
-        if self.dynamic is None:
+    def _runtime_sized(self, key, args, hooks):
+        done = self.runtime_sized
+        if done is not None and (done.guard is None or done.guard.holds(hooks)):
+            return done.program
+        if done is None:
             what, reason = "sizes", "sizes change: one program with dynamic sizes"
             loaded = self.stored.load("dynamic") if self.stored is not None else None
             if loaded is not None:
                 self._note(loaded[0])
-                self.dynamic = _Variant(*loaded)
-                return self._dynamic_program(key, args, hooks)
+                self.runtime_sized = _Variant(*loaded)
+                return self._runtime_sized(key, args, hooks)
         else:
-            what, reason = "hooks", self.dynamic.guard.reason(hooks)
+            what, reason = "hooks", done.guard.reason(hooks)
         try:
             program, guard = self.compiling(what, reason, None, list(key[0]),
-                                            lambda: self.compile_dynamic(args, hooks))
+                                            lambda: self.build(Variant(runtime_sizes=True), args, hooks, False))
         except RecompileLimitReached:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: specialise per size set instead
             from camlir import logs
 
-            self.dynamic_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            self.runtime_sizes_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
             logs.log.warning("camlir: no dynamic-size code for this graph (%s); each size set is "
-                             "compiled with its sizes as constants", self.dynamic_error)
+                             "compiled with its sizes as constants", self.runtime_sizes_error)
             return None
         self._note(program)
-        self.dynamic = _Variant(program, guard)
+        self.runtime_sized = _Variant(program, guard)
         if self.stored is not None:
             self.stored.save("dynamic", program, guard)
         return program
@@ -358,22 +364,12 @@ class SizeVariants:
 
     def _compile(self, key, args, hooks, what: str, reason: str, old, new) -> _Variant:
         sizes, shapes = key
-
-        def build():
-            try:
-                return self.compile_variant(list(sizes), dict(zip(self.dynamic_args, shapes)), args, hooks)
-            except Exception as exc:  # noqa: BLE001 - same remedy for every failure: interpret
-                from camlir import logs
-
-                logs.log.warning("camlir: native code for sizes %s failed (%s); the reference "
-                                 "interpreter runs them", list(sizes), str(exc).splitlines()[0])
-                return self.fallback(), None
-
-        program, guard = self.compiling(what, reason, old, new, build)
+        variant = Variant.specialized(sizes, dict(zip(self.shaped_args, shapes)))
+        program, guard = self.compiling(what, reason, old, new, lambda: self.build(variant, args, hooks, True))
         self._note(program)
         self.last_sizes = list(sizes)
-        variant = _Variant(program, guard)
-        self.variants[key] = variant
+        done = _Variant(program, guard)
+        self.variants[key] = done
         if self.stored is not None:
             self.stored.save(f"sizes {key}", program, guard)
-        return variant
+        return done

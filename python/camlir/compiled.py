@@ -28,10 +28,7 @@ import torch
 from torch_mlir import ir
 
 from . import disk_cache, effects, events, graph_choice, logs, pipeline, profiling
-from . import repro  # first-call inputs kept for save_repro; repros on failure (CAMLIR_REPRO_DIR)
-from .backends.cpu import persist
-from .backends.cpu.program import CpuProgram
-from .backends.eager import InterpreterError
+from .backends import registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture import engine
 from .capture.hook_trace import TRACED_KINDS
@@ -40,7 +37,9 @@ from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import UnsupportedError
 from .settings import active_settings, config
+from .stages import Dump
 from .stats import counters
+from .variant import STATIC, Variant
 
 _seen_graphs = set()
 _capture_count = [0]
@@ -58,7 +57,6 @@ def forget_graphs() -> None:
         graph.release()
     _live.clear()
     events.forget()
-    repro.forget()
 
 
 def captured_graphs() -> list:
@@ -138,7 +136,7 @@ class CompiledBackward:
             args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
             program = artifact.program
             if isinstance(program, SizeVariants):
-                program = program.variant(args, hooks, dynamic=settings.dynamic is not False)
+                program = program.variant(args, hooks, runtime_sizes=settings.dynamic is not False)
         except (UnsupportedError, RecompileLimitReached) as exc:
             if settings.fullgraph:
                 raise UnsupportedError(str(exc)) from exc
@@ -148,12 +146,14 @@ class CompiledBackward:
             kind = "recompile_limit" if isinstance(exc, RecompileLimitReached) else "fallback"
             events.record(events.Event(self.capture_id, kind, str(exc)))
             logs.log.warning("camlir: graph %d runs uncompiled from now on: %s", self.capture_id, exc)
-            repro.on_fallback(self.capture_id, str(exc), self.gm, inputs, sizes, scalars, hooks, packed_data,
-                              self._unpacked)
+            if events.listening("fallback"):
+                events.tell("fallback", capture_id=self.capture_id, reason=str(exc), gm=self.gm, inputs=inputs,
+                            sizes=sizes, scalars=scalars, hooks=hooks, packed_data=packed_data,
+                            unpacked=self._unpacked)
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
-        if repro.keep_inputs:  # off unless asked for: it copies every input of the graph's first call
-            repro.remember(self.capture_id, artifact.module, args, len(inputs), sizes_, artifact.retraced.symbolic,
-                           hooks)
+        if events.listening("call"):  # repro.py, when imported: it keeps first-call inputs if asked to
+            events.tell("call", capture_id=self.capture_id, module=artifact.module, args=args, n_inputs=len(inputs),
+                        sizes=sizes_, symbolic=artifact.retraced.symbolic, hooks=hooks)
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
@@ -219,8 +219,10 @@ class CompiledBackward:
         self._miss = None
         self._check_limit(reason)
         _refuse_unstrided(inputs)
+        backend = registry.get(settings.backend)
+        backend.require_device()
         start = time.perf_counter()
-        dump = pipeline.Dump.for_graph(self.capture_id)
+        dump = Dump.for_graph(self.capture_id)
         try:
             retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump, self._unpacked)
         except RetraceError as exc:
@@ -241,25 +243,11 @@ class CompiledBackward:
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
         self._pending_seconds = time.perf_counter() - start
         hook_guard = None
-        if settings.backend == "cpu" and retraced.symbolic:
-            program = self._size_variants(module, inputs, sizes)  # compiles on its first call
-        elif settings.backend == "cpu":
-            program, hook_guard = self.compiling(what, reason, None, None,
-                                                 lambda: self._cpu_program(module, list(inputs), hooks, dump))
-        elif settings.backend == "gpu":  # static sizes: a symbolic capture compiles one program per size set
-            pipeline.require_gpu()
-            if retraced.symbolic:
-                program = SizeVariants(
-                    len(inputs), sorted(pipeline.dynamic_shapes(module, list(inputs), len(inputs))),
-                    lambda s, shapes, args, hooks: pipeline.make_gpu(
-                        module, args, hooks, pipeline.Dump.for_graph(self.capture_id, f"sizes {s}"), s, shapes),
-                    None, lambda: self._eager_program(module), self.compiling)
-                program.dynamic_error = "the gpu backend compiles static sizes"
-            else:
-                program, hook_guard = self.compiling(what, reason, None, None,
-                                                     lambda: pipeline.make_gpu(module, list(inputs), hooks, dump))
+        if retraced.symbolic and backend.needs_static_sizes:
+            program = self._size_variants(backend, module, inputs)  # compiles on its first call
         else:
-            program = self.compiling(what, reason, None, None, lambda: self._eager_program(module))
+            program, hook_guard = self.compiling(what, reason, None, None,
+                                                 lambda: self.build(backend, module, STATIC, list(inputs), hooks, dump=dump))
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
@@ -278,7 +266,8 @@ class CompiledBackward:
         """The artifact stored for this call by an earlier process, or None (and the key
         to store this call's artifact under, in `_disk_key`). See disk_cache.py."""
         self._disk_key = None
-        if settings.backend != "cpu" or not disk_cache.enabled():
+        backend = registry.get(settings.backend)
+        if not backend.stores_programs or not disk_cache.enabled():
             return None
         start = time.perf_counter()
         key = disk_cache.graph_key(self.gm, inputs, sizes, scalars, hooks, settings.backend, settings.dynamic)
@@ -290,10 +279,10 @@ class CompiledBackward:
             retraced = disk_cache.guards_from_meta(entry.meta["guards"])
             context = make_context()
             module = ir.Module.parse(entry.read("ca.mlir").decode(), context)
-            if retraced.symbolic:
-                program = self._size_variants(module, inputs, sizes, stored=_Stored(self, key, context))
+            if retraced.symbolic and backend.needs_static_sizes:
+                program = self._size_variants(backend, module, inputs, stored=_Stored(self, backend, key, context))
             else:
-                program = persist.from_files(entry, context)
+                program = backend.from_files(entry, context)
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never a failure
             logs.log.warning("camlir: disk cache entry %s could not be used (%s: %s); compiling instead",
                              key[:16], type(exc).__name__, exc)
@@ -322,58 +311,69 @@ class CompiledBackward:
             logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, exc)
             return
         program = artifact.program
+        backend = registry.get(artifact.backend)
         if isinstance(program, SizeVariants):
-            program.stored = _Stored(self, key, None)
+            program.stored = _Stored(self, backend, key, None)
             files, meta = {"ca.mlir": module_text.encode()}, {"guards": guards}
             disk_cache.put_later(key, lambda: (files, meta))
             return
-        why = _not_storable(program, artifact.hook_guard)
+        why = _not_storable(backend, program, artifact.hook_guard)
         if why:
             logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, why)
             return
 
         def make_files():
-            files, meta = persist.to_files(program)
+            files, meta = backend.to_files(program)
             files["ca.mlir"] = module_text.encode()
             meta["guards"] = guards
             return files, meta
 
         disk_cache.put_later(key, make_files)
 
-    def _eager_program(self, module):
-        try:
-            return pipeline.make_eager(module)
-        except InterpreterError as exc:
-            raise UnsupportedError(f"op {exc.op_name} cannot run: {exc}") from exc
+    # ------------------------------------------------------------------ building a program
 
-    def _cpu_program(self, module, args, hooks, dump, sizes=None, shapes=None):
-        """Native code when the cpu backend can compile the graph; otherwise the reference
-        interpreter, which is slower but exact (logged and counted in `interpreted`).
-        Returns the program and the guard on the hooks it inlined. A program's `not_native`
-        says what of it is not compiled code, for `fullgraph=True`: the whole program when it is
-        interpreted, and each hook camlir would compile but could not (data-dependent,
-        impure). Kinds camlir always runs in Python (module post hooks, post-accumulate-grad
-        hooks: they exist for their effects in Python) do not count (docs/hooks.md)."""
+    def build(self, backend, module, variant: Variant, args, hooks, interpret_on_failure: bool = True, dump=None):
+        """`backend`'s program of `module` for `variant`, and the guard on the hooks it traced.
+
+        The one fallback policy, for every backend: when a backend cannot build the
+        program, the reference interpreter runs it instead (slower, exact; warned, counted
+        in `interpreted`, told to the "interpreted" listeners); when the reference
+        interpreter cannot run it either, `UnsupportedError` hands the graph back to
+        PyTorch. With `interpret_on_failure` False the backend's error is raised instead
+        (`SizeVariants` then specializes). A program's `not_native` says what of it is not
+        compiled code, for `fullgraph=True` (docs/hooks.md). `dump`: where the stages go (a
+        static capture's continue the numbering of its retrace and import stages)."""
+        dump = dump or Dump.for_graph(self.capture_id, variant.label)
         try:
-            program, guard = pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
-            program.not_native = self._not_native(module, guard)
-            return program, guard
+            program, guard = pipeline.compile(backend, module, args, hooks, dump, variant)
         except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
+            if backend.reference:
+                what = f"op {exc.op_name}" if hasattr(exc, "op_name") else "the reference interpreter"
+                raise UnsupportedError(f"{what} cannot run: {exc}") from exc
+            if not interpret_on_failure:
+                raise
             if logs.enabled("verbose"):
-                logs.log.info("cpu compile failure of %s in full:\n%s", dump.label, exc)
+                logs.log.info("%s compile failure of %s in full:\n%s", backend.name, dump.label, exc)
             counters["interpreted"] += 1
             headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-            logs.log.warning("camlir: the cpu backend cannot compile %s (%s); it runs on the "
-                             "reference interpreter", dump.label, headline)
-            repro.on_compile_failure(self.capture_id, headline, module, args, hooks, sizes)
-            program = self._eager_program(module)
-            program.not_native = f"the cpu backend could not compile it and interprets it ({headline})"
+            logs.log.warning("camlir: the %s backend cannot compile %s (%s); it runs on the "
+                             "reference interpreter", backend.name, dump.label, headline)
+            if events.listening("interpreted"):
+                events.tell("interpreted", capture_id=self.capture_id, reason=headline, module=module, args=args,
+                            hooks=hooks, sizes=None if variant.sizes is None else list(variant.sizes))
+            program, _ = self.build(registry.get("eager"), module, variant, args, hooks, dump=dump)
+            program.not_native = f"the {backend.name} backend could not compile it and interprets it ({headline})"
             return program, None
+        if not backend.reference:
+            program.not_native = self._not_native(module, guard)
+        return program, guard
 
     @staticmethod
     def _not_native(module, guard) -> str:
         """The hooks camlir would compile but left as Python calls ("" when none). A
-        program built without tracing hooks (`guard` None: dynamic sizes) leaves them all."""
+        program built without tracing hooks (`guard` None: runtime sizes) leaves them all.
+        Kinds camlir always runs in Python (module post hooks, post-accumulate-grad hooks:
+        they exist for their effects in Python) do not count."""
         kinds = {ir.IntegerAttr(op.attributes["hook_id"]).value: ir.StringAttr(op.attributes["kind"]).value
                  for op in ops_named(module, "ca.hook")}
         if guard is None:
@@ -383,32 +383,22 @@ class CompiledBackward:
                          for hook_id, why in sorted(guard.refused.items())
                          if kinds.get(hook_id) in TRACED_KINDS)
 
-    def _size_variants(self, module, inputs, sizes, stored=None) -> SizeVariants:
-        """A symbolic capture on the cpu: one program with dynamic sizes (or, where that
-        fails or with `dynamic=False`, one per observed size set, each specialized,
-        hook-traced and compiled by `pipeline.make_cpu`)."""
-        n_inputs = len(inputs)
-        dynamic = sorted(pipeline.dynamic_shapes(module, list(inputs), n_inputs))
+    def _size_variants(self, backend, module, inputs, stored=None) -> SizeVariants:
+        """A symbolic capture on a backend that compiles static sizes: one program with
+        runtime sizes (where the backend has them), or one per observed size set."""
+        shaped = sorted(pipeline.dynamic_shapes(module, list(inputs), len(inputs)))
 
-        def compile_variant(sizes_, shapes, args, hooks):
-            variant = f"sizes {sizes_}"
-            return self._cpu_program(module, args, hooks, pipeline.Dump.for_graph(self.capture_id, variant),
-                                     sizes_, shapes)
+        def build(variant, args, hooks, interpret_on_failure):
+            return self.build(backend, module, variant, args, hooks, interpret_on_failure)
 
-        def compile_dynamic(args, hooks):
-            dump = pipeline.Dump.for_graph(self.capture_id, "dynamic")
-            program, guard = pipeline.make_cpu(module, args, hooks, dump, dynamic=True)
-            program.not_native = self._not_native(module, guard)
-            return program, guard
-
-        return SizeVariants(n_inputs, dynamic, compile_variant, compile_dynamic,
-                            lambda: self._eager_program(module), self.compiling, stored)
+        return SizeVariants(len(inputs), shaped, build, self.compiling, backend.runtime_sizes, stored)
 
 
-def _not_storable(program, hook_guard) -> str:
+def _not_storable(backend, program, hook_guard) -> str:
     """Why a program cannot go to the disk cache ("" when it can)."""
-    if not isinstance(program, CpuProgram) or program.host_text is None:
-        return "it is not native code (interpreted)"
+    why = backend.not_storable(program)
+    if why:
+        return why
     if hook_guard is not None and hook_guard.inlined:
         return "it inlines Python hook bodies, whose guard holds only in this process"
     return ""
@@ -418,8 +408,9 @@ class _Stored:
     """The disk side of a symbolic capture's programs (`SizeVariants.stored`): each is an
     entry keyed on the capture's key plus "dynamic" or its size set."""
 
-    def __init__(self, owner: "CompiledBackward", key: str, context):
+    def __init__(self, owner: "CompiledBackward", backend, key: str, context):
         self.owner = owner
+        self.backend = backend
         self.key = key
         self.context = context
 
@@ -431,7 +422,7 @@ class _Stored:
         if entry is None:
             return None
         try:
-            program = persist.from_files(entry, self.context or make_context())
+            program = self.backend.from_files(entry, self.context or make_context())
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
             logs.log.warning("camlir: disk cache entry for %s could not be used (%s); compiling instead", name, exc)
             return None
@@ -439,10 +430,10 @@ class _Stored:
         return program, None
 
     def save(self, name: str, program, guard) -> None:
-        why = _not_storable(program, guard)
+        why = _not_storable(self.backend, program, guard)
         if why or not disk_cache.enabled():
             return
-        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: persist.to_files(program))
+        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: self.backend.to_files(program))
 
 
 def _describe(values) -> str:

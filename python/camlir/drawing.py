@@ -38,6 +38,7 @@ import networkx as nx
 from torch_mlir import ir
 
 from . import compiled, pipeline
+from .stages import Dump
 from .context import make_context
 from .dialects.ca.ir_helpers import func_name, funcs, is_kernel, require_func, torch_op_name
 
@@ -141,20 +142,20 @@ def _flow(module) -> tuple:
 
 def _lower(module_text: str, context) -> tuple:
     """The module after the kernels and linalg stages (no hook traced), and what it is."""
-    work = ir.Module.parse(module_text, context)
-    dump = pipeline.Dump("draw")
+    module = ir.Module.parse(module_text, context)
+    work = pipeline.Work(module, [], [], Dump("draw"), pipeline.STATIC, module=module)
     try:
         with context, ir.Location.unknown():
-            pipeline.kernels(work, dump)
+            pipeline.kernels(work)
     except Exception as exc:  # noqa: BLE001 - the picture still shows the nodes
         return "", f"no kernels: the kernels stage failed ({type(exc).__name__})"
-    after_kernels = str(work)
+    after_kernels = str(module)
     try:
         with context, ir.Location.unknown():
-            pipeline.linalg(work, dump)
+            pipeline.linalg(work)
     except Exception as exc:  # noqa: BLE001
         return after_kernels, f"kernels as outlined, before lowering (the linalg stage failed: {type(exc).__name__})"
-    return str(work), "kernels as the cpu backend forms them with no hook traced (stages kernels, linalg)"
+    return str(module), "kernels as the cpu backend forms them with no hook traced (stages kernels, linalg)"
 
 
 def _assign(lowered, items: dict) -> tuple:

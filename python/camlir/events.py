@@ -94,9 +94,40 @@ def explain_text(graph: Optional[int] = None) -> str:
 
 
 def forget() -> None:
-    """Clears the records (part of `camlir.reset()`)."""
+    """Clears the records (part of `camlir.reset()`) and tells the "forget" listeners."""
     with _lock:
         _events.clear()
+    tell("forget")
+
+
+# Debugging aids (repro.py) listen here instead of sitting on the driver's path: the driver
+# tells what happened, with the live objects, and each listener decides what to keep. Kinds:
+# "call" (a program is about to run: capture_id, module, args, n_inputs, sizes, symbolic,
+# hooks), "interpreted" (a compiling backend could not build a program and the reference
+# interpreter runs it: capture_id, reason, module, args, hooks, sizes), "fallback" (the
+# graph runs on PyTorch from now on: capture_id, reason, gm, inputs, sizes, scalars, hooks,
+# packed_data, unpacked), "forget" (`camlir.reset()`).
+LISTENER_KINDS = ("call", "interpreted", "fallback", "forget")
+_listeners: dict = {kind: [] for kind in LISTENER_KINDS}
+
+
+def listen(kind: str, callback) -> None:
+    """Calls `callback(**details)` whenever the driver tells `kind` (one of
+    `LISTENER_KINDS`); registering the same callback twice calls it once."""
+    if kind not in _listeners:
+        raise ValueError(f"unknown listener kind {kind!r}; known: {', '.join(LISTENER_KINDS)}")
+    if callback not in _listeners[kind]:
+        _listeners[kind].append(callback)
+
+
+def listening(kind: str) -> bool:
+    """Whether anything listens to `kind` (the driver asks before it builds the details)."""
+    return bool(_listeners[kind])
+
+
+def tell(kind: str, **details) -> None:
+    for callback in list(_listeners[kind]):
+        callback(**details)
 
 
 _NEW_NODE = re.compile(r"new autograd node: (.+?) \(NodeCall")

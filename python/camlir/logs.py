@@ -29,10 +29,7 @@ def set_logs(spec) -> None:
     kinds = [k.strip() for k in (spec.split(",") if isinstance(spec, str) else spec or ()) if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
-        # The tail keeps "unknown CA_LOGS kind", what callers matched on before the rename
-        # (test_capture_hooks.py); drop it once nothing looks for the old name.
-        raise ValueError(f"unknown CAMLIR_LOGS kind(s) {unknown}; known: {', '.join(KINDS)} "
-                         f"(old name: unknown CA_LOGS kind)")
+        raise ValueError(f"unknown CAMLIR_LOGS kind(s) {unknown}; known: {', '.join(KINDS)}")
     _enabled.clear()
     _enabled.update(kinds)
     if "verbose" in _enabled:

@@ -3,9 +3,9 @@
 A repro is a folder that replays one captured backward without the model that made it:
 
     repro.py      the script: `python dir/repro.py` parses the module, rebuilds the call's
-                  arguments, runs them through the cpu backend (`pipeline.make_cpu`) and
-                  through the reference interpreter (`pipeline.make_eager`: every op run by
-                  torch, the ground truth for the captured graph), compares results and
+                  arguments, runs them through the cpu backend and through the reference
+                  interpreter (the "eager" backend: every op run by torch, the ground truth
+                  for the captured graph; both built by `pipeline.compile`), compares results and
                   `.grad`s with `torch.testing.assert_close`, prints one line, and exits 0
                   (equal), 1 (different) or 2 (one side failed to build or run)
     module.mlir   the captured `ca` module (`artifact.module`)
@@ -18,7 +18,12 @@ What is kept: the arguments the autograd engine passed on the graph's first call
 then the lifted sizes of a symbolic capture). Keeping them costs a copy of every tensor a
 backward reads (parameters and saved activations), so it happens only when asked for:
 `camlir.repro.keep_inputs = True`, or the environment variable `CAMLIR_REPRO=1` (or
-`CAMLIR_REPRO_DIR`) set when camlir is imported. A failing graph needs nothing kept: with
+`CAMLIR_REPRO_DIR`) set when camlir is imported.
+
+This module hangs off the driver: it listens to the driver's "call", "interpreted",
+"fallback" and "forget" news (`events.listen`) once imported (`camlir.repro`,
+`camlir.save_repro`, or at `import camlir.api` when a CAMLIR_REPRO variable is set), and
+the driver never imports it. A failing graph needs nothing kept: with
 `CAMLIR_REPRO_DIR=dir`, a graph whose compile fails (runs interpreted) or that falls back
 to PyTorch is written at once, from the live arguments, to `dir/graph<N>/` (one per graph).
 
@@ -37,15 +42,16 @@ import shutil
 
 import torch
 
-from . import __version__, logs, pipeline
+from . import __version__, environment, events, logs, pipeline
 from .capture.retrace import plain_sizes
 from .context import make_context
+from .stages import Dump
 
 ALWAYS_REFUSED = ("cpp_tensor_pre_hook", "unpack_hook")
 
 
 def _env_keep() -> bool:
-    return bool(os.environ.get("CAMLIR_REPRO") not in (None, "", "0") or os.environ.get("CAMLIR_REPRO_DIR"))
+    return bool(environment.flag("CAMLIR_REPRO") or environment.text("CAMLIR_REPRO_DIR"))
 
 
 keep_inputs = _env_keep()  # keep each graph's first-call arguments for save_repro (a copy of them)
@@ -93,8 +99,9 @@ def forget() -> None:
 
 
 def remember(capture_id: int, module, args, n_inputs: int, sizes, symbolic: bool, hooks) -> None:
-    """Keeps graph `capture_id`'s first call (the driver calls it when `keep_inputs` is on)."""
-    if capture_id in _kept:
+    """Keeps graph `capture_id`'s first call while `keep_inputs` is on (the driver's "call"
+    news, before each program runs)."""
+    if not keep_inputs or capture_id in _kept:
         return
     _kept[capture_id] = _Call(capture_id, str(module), list(args), n_inputs, sizes, symbolic, hooks)
 
@@ -182,7 +189,7 @@ def _describe(entry) -> str:
 
 def _failure_dir(capture_id: int):
     """`CAMLIR_REPRO_DIR/graph<N>` when the variable is set and graph N was not written yet."""
-    root = os.environ.get("CAMLIR_REPRO_DIR")
+    root = environment.text("CAMLIR_REPRO_DIR")
     if not root or capture_id in _written:
         return None
     _written.add(capture_id)
@@ -211,7 +218,7 @@ def on_fallback(capture_id: int, reason: str, gm, inputs, sizes, scalars, hooks,
 
     def call():
         plain = [int(s) for s in plain_sizes(sizes)]
-        dump = pipeline.Dump(f"graph {capture_id}, repro")
+        dump = Dump(f"graph {capture_id}, repro")
         try:
             retraced = pipeline.make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump, unpacked)
             module = pipeline.make_ca(retraced, dump)
@@ -303,18 +310,18 @@ def replay(meta, text, saved, hooks, backend):
     arguments; returns (results, the leaves' .grad)."""
     from torch_mlir import ir
 
-    from camlir import pipeline
+    from camlir.backends import registry
     from camlir.context import make_context
+    from camlir.stages import Dump
+    from camlir.variant import STATIC, Variant
 
     module = ir.Module.parse(text, make_context())
     args, leaves = fresh_args(saved)
-    if backend == "eager":
-        program = pipeline.make_eager(module)
-    else:
-        dump = pipeline.Dump.for_graph(meta["graph"], "repro")
-        sizes = meta["sizes"] if meta["symbolic"] else None
-        shapes = pipeline.dynamic_shapes(module, args, meta["n_inputs"]) if meta["symbolic"] else None
-        program, _ = pipeline.make_cpu(module, args, hooks, dump, sizes, shapes)
+    variant = STATIC
+    if meta["symbolic"] and backend != "eager":
+        variant = Variant.specialized(meta["sizes"], pipeline.dynamic_shapes(module, args, meta["n_inputs"]))
+    program, _ = pipeline.compile(registry.get(backend), module, args, hooks, Dump.for_graph(meta["graph"], "repro"),
+                                  variant)
     with torch.no_grad():
         results = list(program(args, hooks))
     return results, [t.grad for t in leaves]
@@ -382,3 +389,9 @@ def main(argv=None):
 if __name__ == "__main__":
     sys.exit(main())
 '''
+
+
+events.listen("call", remember)
+events.listen("interpreted", on_compile_failure)
+events.listen("fallback", on_fallback)
+events.listen("forget", forget)

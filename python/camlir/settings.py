@@ -11,7 +11,8 @@ Bad values are rejected when set, with a message that says what is accepted.
 
 `scoped(Settings(...))` (what `camlir.enable()` opens) overrides them on one thread;
 `active_settings()` is what a backward on this thread runs with. This module imports
-nothing of camlir: whoever must follow whether camlir is in use (the capture engine, which
+nothing of camlir but the backend registry (which itself imports nothing at load time):
+whoever must follow whether camlir is in use (the capture engine, which
 patches `torch.autograd.backward`) registers with `on_change` and is called whenever
 `config.enabled` changes or a scope opens or closes; `in_use()` then says whether anything
 wants camlir.
@@ -22,14 +23,14 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-BACKENDS = ("eager", "cpu", "gpu")
+from camlir.backends import registry
 
 
 class Config:
     """The type of `camlir.config`: the process-wide settings.
 
-    `enabled` (bool; setting it notifies the `on_change` listeners), `backend` (one of
-    `BACKENDS`), `fullgraph` (bool), `dynamic` (None, True or False) and
+    `enabled` (bool; setting it notifies the `on_change` listeners), `backend` (a name
+    `backends.registry` knows: "cpu", "eager", "gpu", or one registered), `fullgraph` (bool), `dynamic` (None, True or False) and
     `recompile_limit` (an int >= 1: how many programs one captured graph may compile before
     camlir warns and runs that graph uncompiled). `backend`, `dynamic` and
     `recompile_limit` are checked when set: `config.backend = "tpu"` raises a ValueError
@@ -94,10 +95,10 @@ class Config:
 
 
 def check_backend(value) -> str:
-    """Returns `value` if it names a backend in `BACKENDS`, else raises a ValueError
-    listing them."""
-    if value not in BACKENDS:
-        raise ValueError(f"unknown camlir backend {value!r}; available: {', '.join(BACKENDS)}")
+    """Returns `value` if it names a registered backend, else raises a ValueError listing
+    them."""
+    if not isinstance(value, str) or value not in registry.names():
+        raise ValueError(f"unknown camlir backend {value!r}; available: {', '.join(registry.names())}")
     return value
 
 

@@ -59,7 +59,7 @@ def assert_grads_equal(eager, ours, **tol):
 
 @contextlib.contextmanager
 def camlir_logs(kinds):
-    """Switches the given CA_LOGS kinds on and collects what the `camlir` logger says."""
+    """Switches the given CAMLIR_LOGS kinds on and collects what the `camlir` logger says."""
     messages = []
 
     class Collect(logging.Handler):

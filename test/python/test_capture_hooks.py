@@ -179,7 +179,7 @@ def test_bad_arguments_are_named():
         camlir.config.backend = "nope"
     with pytest.raises(TypeError, match="expects a tensor"):
         camlir.compile_backward([1, 2])
-    with pytest.raises(ValueError, match="unknown CA_LOGS kind"):
+    with pytest.raises(ValueError, match="unknown CAMLIR_LOGS kind"):
         camlir.set_logs("graphs")
 
 

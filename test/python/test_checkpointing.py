@@ -74,7 +74,7 @@ def test_checkpointed_backward_compiles_natively(selective):
 
 
 def test_a_wrong_unpack_result_is_an_error_not_a_wrong_read():
-    from camlir.backends.eager import Runtime, compile_block
+    from camlir.backends.host_runtime import Runtime, compile_block
     from camlir.context import make_context
     from torch_mlir import ir
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import camlir
-from camlir.backends.cpu import layouts
+from camlir.lowering import layouts
 from helpers import assert_grads_equal, camlir_logs, eager_and_camlir
 
 
@@ -227,12 +227,13 @@ func.func @k(%x: tensor<4001xf32>) -> (tensor<4001xf32>, tensor<4001xf32>, tenso
 
 def test_vectorizable_exp_and_erf_are_accurate():
     from torch_mlir import ir
-    from camlir import pipeline
     from camlir.backends.cpu import abi
+    from camlir.backends.cpu.compiler import make_native
+    from camlir.stages import Dump
 
     with ir.Context():
         module = ir.Module.parse(_MATH_KERNEL)
-        engine = pipeline.make_native(module, pipeline.Dump("test kernel"))
+        engine = make_native(module, Dump("test kernel"))
     spec = abi.TensorSpec((4001,), torch.float32)
     kernel = abi.Kernel(engine, "k", [spec], [spec, spec, spec])
     x = torch.linspace(-100, 100, 4001)

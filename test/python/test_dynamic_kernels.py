@@ -1,4 +1,4 @@
-"""One native compile for every size: `pipeline.make_cpu(..., dynamic=True)`.
+"""One native compile for every size: `pipeline.compile(cpu, ..., Variant(runtime_sizes=True))`.
 
 Each case runs its backward through camlir's reference backend at two batch sizes, so that
 the capture becomes symbolic, compiles that capture's `ca` module once with dynamic dims,
@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 import camlir
 from camlir import compiled, pipeline
+from camlir.backends import registry
+from camlir.stages import Dump, StageError
+from camlir.variant import Variant
 from camlir.backends.cpu import abi, shapes
 
 SIZES = (7, 10, 37, 64, 100, 1)
@@ -24,6 +27,9 @@ def fresh():
     camlir.reset()
     yield
     camlir.reset()
+
+
+RUNTIME_SIZES = Variant(runtime_sizes=True)
 
 
 class _Dynamic:
@@ -38,8 +44,8 @@ class _Dynamic:
 
     def __call__(self, args, hooks, callbacks=()):
         if self.program is None:
-            self.program, guard = pipeline.make_cpu(self.module, list(args), hooks,
-                                                    pipeline.Dump("dynamic test"), dynamic=True)
+            self.program, guard = pipeline.compile(registry.get("cpu"), self.module, list(args), hooks,
+                                                   Dump("dynamic test"), RUNTIME_SIZES)
             assert guard is not None
             assert self.program.kernels
             assert all(isinstance(k, abi.DynamicKernel) for k in self.program.kernels.values())
@@ -162,8 +168,8 @@ def test_a_result_shape_that_does_not_resolve_is_refused():
                lambda m, x: m(x).max(dim=0).values.sum(), n, use_camlir=True)
     _, artifact = compiled._compiled[-1]
     assert artifact.retraced.symbolic
-    with pytest.raises(pipeline.StageError, match="stage 'split'.*shape function cannot compute"):
-        pipeline.make_cpu(artifact.module, [], [], pipeline.Dump("dynamic test"), dynamic=True)
+    with pytest.raises(StageError, match="stage 'split'.*shape function cannot compute"):
+        pipeline.compile(registry.get("cpu"), artifact.module, [], [], Dump("dynamic test"), RUNTIME_SIZES)
 
 
 def test_shape_function_raises_where_the_kernel_would_abort():

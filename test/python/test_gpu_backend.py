@@ -58,6 +58,8 @@ def test_zoo_backward_reaches_ptx_that_assembles_for_sm90(name, tmp_path):
 def test_sm80_target(ctx):
     from camlir import pipeline
     from camlir.backends.gpu import program as gpu_program
+    from camlir.backends.gpu.compiler import GpuBackend
+    from camlir.stages import Dump
 
     w = torch.randn(8, 4, requires_grad=True)
     x = torch.randn(16, 8)
@@ -65,8 +67,8 @@ def test_sm80_target(ctx):
         with camlir.enable(backend="gpu", fullgraph=True):
             torch.nn.functional.softplus(x @ w).sum().backward()
     (program, args), = recorded
-    again, _ = pipeline.make_gpu(program.reference, args, [], pipeline.Dump("test"), target="sm_80",
-                                 require_device=False)
+    again, _ = pipeline.compile(GpuBackend(target="sm_80", require_device=False), program.reference, args, [],
+                                Dump("test"))
     assert ".target sm_80" in again.ptx
     codegen.assemble(again.ptx, "sm_80")
 

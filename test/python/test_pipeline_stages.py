@@ -116,4 +116,4 @@ def test_hooks_of_a_symbolic_capture_are_inlined_and_guarded(dynamic):
         assert len(symbolic[0].variants) == 2
     else:
         # One program for every size, compiled again when the hook guard saw 3.0.
-        assert symbolic[0].dynamic is not None and not symbolic[0].variants
+        assert symbolic[0].runtime_sized is not None and not symbolic[0].variants

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch_mlir import ir
 
 import camlir
-from camlir import pipeline
+from camlir.backends.cpu.compiler import loops_and_llvm
+from camlir.stages import Dump
 from helpers import camlir_logs
 
 
@@ -103,7 +104,7 @@ def test_non_constant_powi_on_vectors_keeps_the_module_vectorized():
     context = camlir.make_context()
     with context, ir.Location.unknown(), camlir_logs("recompiles") as messages:
         module = ir.Module.parse(text)
-        llvm = pipeline.loops_and_llvm(module, pipeline.Dump("test"))
+        llvm = loops_and_llvm(module, Dump("test"))
     assert not [m for m in messages if "scalar loops" in m], messages
     out = str(llvm)
     assert "llvm.call @__mlir_math_fpowi_f32_i64" in out

@@ -14,7 +14,7 @@ Inputs must be contiguous with the expected shape and dtype: the host program gu
 (the variant was specialised on the first call's layouts: `ca-specialize-layouts`, and
 `CpuProgram` passes permuted views).
 
-Kernels with dynamic dims (`pipeline.make_cpu(..., dynamic=True)`) take `DynamicKernel`:
+Kernels with dynamic dims (`Variant(runtime_sizes=True)`) take `DynamicKernel`:
 the descriptors are still built once, but every call also writes each tensor's sizes and
 (contiguous) strides, and the value of each scalar argument (a lifted size, `i64`), and
 allocates the outputs with the shapes that the kernel's shape function

@@ -1,24 +1,22 @@
 """The cpu backend at run time: a host program that calls native kernels.
 
-`camlir.pipeline.make_cpu` builds one `CpuProgram` per compiled variant: the JIT-compiled
+The cpu backend's stages (`compiler.py`) build one `CpuProgram` per compiled variant: the JIT-compiled
 kernels and the host function (what ca-outline-kernels left in `@backward`). A call walks
 the host program's steps: a kernel call (native, through pre-built descriptors), a hook
 that stayed a Python call, an accumulation into `.grad` (PyTorch's own rule: steal or
 assign when `.grad` is None, add in place otherwise), an op kept on the host (through torch).
 
-A program compiled with dynamic dims (`make_cpu(..., dynamic=True)`) is called the same way,
+A program compiled with runtime sizes (`Variant(runtime_sizes=True)`) is called the same way,
 with the lifted sizes (plain ints) after the inputs: its kernels are `abi.DynamicKernel`s,
 which take the sizes they read as scalar arguments and allocate outputs of this call's
 shapes.
 """
 
-import torch
-from torch._dynamo.external_utils import call_accumulate_grad
 from torch_mlir import ir
 
 from camlir.backends.cpu import choice, malloc_tuning
-from camlir.backends.eager import ALIAS, InterpreterError, Runtime, compile_block
-from camlir.dialects.ca.ir_helpers import defining_op
+from camlir.backends.host_runtime import (ALIAS, InterpreterError, Runtime, compile_block, fresh_and_private,
+                                          steal_or_accumulate)
 from camlir.passes.lower_to_linalg import TWIN_ATTR
 
 
@@ -38,7 +36,7 @@ class CpuProgram:
         self.twins = twins or {}  # kernel name -> EagerProgram of its torch original (torch_twins)
         self.choices = {}         # kernel name -> choice.KernelChoice, where a twin exists
         self.label = label
-        self.host_text = None  # set by whoever can rebuild it (pipeline.make_cpu): for the disk cache
+        self.host_text = None  # set by whoever can rebuild it (compiler.program): for the disk cache
         self.engine = None
         self.dynamic = False
         self.arg_perms = arg_perms
@@ -53,8 +51,8 @@ class CpuProgram:
         malloc_tuning.apply()  # before the first native program runs (once per process)
 
     def _extra(self, op: ir.Operation):
-        if op.name == "ca.accumulate_grad" and _fresh_and_private(op.operands[1]):
-            return _steal_or_accumulate
+        if op.name == "ca.accumulate_grad" and fresh_and_private(op.operands[1]):
+            return steal_or_accumulate
         if op.name == "func.call":
             name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
             kernel = self.kernels[name]
@@ -123,52 +121,3 @@ def _value_views(op: ir.Operation):
     if op.name in _VIEWS:
         return lambda ins, rt: (ins[0].reshape(ins[1]),)
     return None
-
-
-def _fresh_and_private(value: ir.Value) -> bool:
-    """True when `value` is a tensor the backward just made, that nothing but this
-    accumulation reads, so `.grad` may take it without a copy: a kernel result (the runtime
-    allocated it), or the result of a host op whose schema says it aliases no input (a
-    convolution's weight gradient). Measured on ResNet-18: copying each host-op gradient
-    into `.grad` cost ~380 us per parameter, 11% of the backward."""
-    if len(list(value.uses)) != 1:
-        return False
-    owner = defining_op(value)
-    if owner is not None and owner.name == "torch_c.from_builtin_tensor":
-        value = owner.operands[0]
-        if len(list(value.uses)) != 1:
-            return False
-        owner = defining_op(value)
-    if owner is None:
-        return False
-    if owner.name == "func.call":
-        return True
-    return owner.name.startswith("torch.aten.") and _returns_fresh(owner.name.removeprefix("torch.aten."))
-
-
-def _returns_fresh(name: str) -> bool:
-    """Whether no functional overload of `aten::<name>` returns an alias of an input (by its
-    schema)."""
-    packet = getattr(torch.ops.aten, name, None) if not name.endswith("_") else None
-    if packet is None:
-        return False
-    try:  # out= overloads alias their out argument; the imported graph uses functional ones
-        schemas = [getattr(packet, overload)._schema for overload in packet.overloads()
-                   if overload != "out" and not overload.endswith("_out")]
-    except Exception:  # noqa: BLE001 - an op we cannot inspect is not known to be fresh
-        return False
-    return bool(schemas) and all(r.alias_info is None for schema in schemas for r in schema.returns)
-
-
-def _steal_or_accumulate(ins, rt):
-    """The eager engine's AccumulateGrad with `.grad` unset: it steals a gradient nobody
-    else holds when its layout matches the parameter's, else it copies; with `.grad` set
-    it adds in place. PyTorch's helper cannot see that our kernel output is private (the
-    interpreter holds references), so it would always copy: 4 MB per 1024x1024 weight."""
-    param, grad = ins
-    if (param.grad is None and param.is_contiguous() and grad.is_contiguous() and grad.dtype == param.dtype
-            and grad.shape == param.shape and not grad.requires_grad):
-        param.grad = grad
-    else:
-        call_accumulate_grad(param, param.grad, grad, False)
-    return ()

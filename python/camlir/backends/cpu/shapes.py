@@ -1,6 +1,6 @@
 """Output shapes of kernels with dynamic dims, computed per call in a few microseconds.
 
-A kernel compiled with `?` dims (`pipeline.make_cpu(..., dynamic=True)`) takes its results
+A kernel compiled with `?` dims (`Variant(runtime_sizes=True)`) takes its results
 as out-parameters that the runtime allocates with torch, so the runtime must know each
 result's shape before the call. The shapes are derived from the kernel itself, the MLIR
 way, while it is still linalg on tensors:

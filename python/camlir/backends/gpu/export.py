@@ -27,7 +27,7 @@ import shutil
 import torch
 
 import camlir
-from camlir.backends.cpu.program import _fresh_and_private
+from camlir.backends.host_runtime import fresh_and_private
 from camlir.backends.gpu import plan as gpu_plan
 from camlir.backends.gpu import program as gpu_program
 from camlir.backends.gpu import runner
@@ -55,7 +55,7 @@ def export_backward(make_loss, directory: str, save_inputs: bool = True) -> list
 def manifest(program: gpu_program.GpuProgram, args: list) -> tuple:
     """(the manifest dict, literal tensors) of `program` called with `args`."""
     host = require_func(program.module, "backward")
-    host_steps, literals = gpu_plan.host_plan(host, _fresh_and_private)
+    host_steps, literals = gpu_plan.host_plan(host, fresh_and_private)
     params = {step["ins"][0] for step in host_steps["steps"] if step["op"] == "accumulate"}
     inputs = []
     for i, a in enumerate(args):

@@ -175,7 +175,7 @@ def host_plan(host: ir.Operation, fresh) -> tuple:
     literal tensors). `fresh(value)` says whether an accumulated gradient is a private
     kernel output (`.grad` may take it without a copy). Python hooks and callbacks cannot
     leave the process: they raise PlanError."""
-    from camlir.backends.eager import _constant, _literal, _resolve
+    from camlir.backends.host_runtime import constant_value, literal_tensor, resolve_op
 
     slots, literals, steps = {}, [], []
 
@@ -208,18 +208,18 @@ def host_plan(host: ir.Operation, fresh) -> tuple:
         elif name == "torch.constant.device":
             steps.append({"op": "const", "out": slot(op.results[0]), "value": None, "device": True})
         elif name.startswith("torch.constant."):
-            steps.append({"op": "const", "out": slot(op.results[0]), "value": _constant(op)})
+            steps.append({"op": "const", "out": slot(op.results[0]), "value": constant_value(op)})
         elif name in ("torch.prim.ListConstruct", "torch.prim.TupleConstruct"):
             steps.append({"op": "list", "ins": ins, "out": slot(op.results[0])})
         elif name in ("torch.prim.ListUnpack", "torch.prim.TupleUnpack"):
             steps.append({"op": "unpack", "in": ins[0], "outs": [slot(r) for r in op.results]})
         elif name == "torch.vtensor.literal":
-            literals.append(_literal(op.attributes["value"], op))
+            literals.append(literal_tensor(op.attributes["value"], op))
             steps.append({"op": "literal", "index": len(literals) - 1, "out": slot(op.results[0])})
         elif name == "torch.operator" or name.startswith(("torch.aten.", "torch.prims.")):
             target = (ir.StringAttr(op.attributes["name"]).value if name == "torch.operator" else name)
             target = target.removeprefix("torch.")
-            schema = _resolve(target)._schema
+            schema = resolve_op(target)._schema
             args = []
             for value, arg in zip(ins, schema.arguments):
                 t = str(arg.type)

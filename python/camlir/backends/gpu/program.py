@@ -1,6 +1,6 @@
 """The gpu backend at run time: a host program that launches PTX kernels on torch's stream.
 
-`camlir.pipeline.make_gpu` builds one `GpuProgram` per compiled variant: the launch plan of
+The gpu backend's stages (`compiler.py`) build one `GpuProgram` per compiled variant: the launch plan of
 every kernel function (`plan.kernel_plan`) and the PTX of all device kernels. A call walks
 the host function like `backends/cpu/program.py:CpuProgram`: a kernel call runs its plan
 (`runner.KernelRunner`: buffers from torch's caching allocator, views, cuBLAS matmuls
@@ -21,8 +21,8 @@ import threading
 import torch
 from torch_mlir import ir
 
-from camlir.backends.cpu.program import _fresh_and_private
-from camlir.backends.eager import ALIAS, EagerProgram, Runtime, compile_block
+from camlir.backends.eager import EagerProgram
+from camlir.backends.host_runtime import ALIAS, Runtime, compile_block, fresh_and_private, literal_tensor
 from camlir.backends.gpu import runner
 
 _RECORDING = threading.local()
@@ -77,7 +77,7 @@ class GpuProgram:
 
     def _extra(self, op: ir.Operation):
         if op.name == "ca.accumulate_grad":
-            fresh = _fresh_and_private(op.operands[1])
+            fresh = fresh_and_private(op.operands[1])
             return lambda ins, rt: (runner.accumulate(ins[0], ins[1], fresh), ())[1]
         if op.name == "func.call":
             kernel = self.kernels[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
@@ -87,9 +87,7 @@ class GpuProgram:
         if op.name == "torch.constant.device":
             return lambda ins, rt: (torch.device("cuda", torch.cuda.current_device()),)
         if op.name == "torch.vtensor.literal":
-            from camlir.backends.eager import _literal
-
-            tensor = _literal(op.attributes["value"], op)
+            tensor = literal_tensor(op.attributes["value"], op)
             key = id(op)
 
             def literal(ins, rt):

@@ -1,4 +1,4 @@
-"""Which inputs of a backward the cpu backend passes as contiguous permutations.
+"""Which inputs of a backward the compiled backends pass as contiguous permutations.
 
 Kernels take contiguous buffers; saved tensors such as `W.t()` are transposed views.
 Copying them would cost as much as a matmul, and ignoring their strides gives silently
