@@ -310,6 +310,7 @@ def replay(meta, text, saved, hooks, backend):
     arguments; returns (results, the leaves' .grad)."""
     from torch_mlir import ir
 
+    from camlir import pipeline
     from camlir.backends import registry
     from camlir.context import make_context
     from camlir.stages import Dump

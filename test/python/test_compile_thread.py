@@ -9,6 +9,7 @@ import torch
 
 import camlir
 from camlir import pipeline
+from camlir.backends.cpu import compiler as cpu_compiler
 from camlir.compile_thread import run_apart
 
 _setting = contextvars.ContextVar("_setting", default="unset")
@@ -30,13 +31,13 @@ def test_run_apart_returns_raises_and_keeps_context_variables():
 
 def test_lowering_runs_apart_and_hooks_are_traced_in_the_backwards_thread(monkeypatch):
     seen = {}
-    for name in ("trace_hooks", "make_native"):
-        original = getattr(pipeline, name)
+    for module, name in ((pipeline, "trace_hooks"), (cpu_compiler, "make_native")):
+        original = getattr(module, name)
 
         def spy(*args, _name=name, _original=original, **kwargs):
             seen[_name] = threading.current_thread()
             return _original(*args, **kwargs)
-        monkeypatch.setattr(pipeline, name, spy)
+        monkeypatch.setattr(module, name, spy)
     monkeypatch.setenv("CAMLIR_DISK_CACHE", "0")
     camlir.reset()
     torch.manual_seed(0)

@@ -141,11 +141,11 @@ def test_without_cuda_the_first_backward_says_so():
 
 
 def test_python_hooks_cannot_be_exported(tmp_path):
-    from camlir.backends.gpu.plan import PlanError
-
+    # export compiles with fullgraph=True, which on the gpu as on the cpu refuses a hook that
+    # stays a Python call (it only exists in this process)
     w = torch.randn(4, requires_grad=True)
     w.register_hook(lambda g: print("side effect", g.sum().item()) or g)
-    with pytest.raises(PlanError, match="Python hook"):
+    with pytest.raises(camlir.UnsupportedError, match="hook 0 stays a Python call"):
         export.export_backward(lambda: (w.sin() * 2).sum(), str(tmp_path))
 
 

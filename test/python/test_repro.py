@@ -11,7 +11,10 @@ import torch
 import torch.nn as nn
 
 import camlir
-from camlir import compiled, repro
+from camlir import repro
+from camlir.backends import eager as eager_backend
+from camlir.backends.cpu import compiler as cpu_compiler
+from camlir.backends.host_runtime import InterpreterError
 
 MATCH = "the cpu backend matches the reference interpreter"
 
@@ -90,10 +93,10 @@ def test_python_hooks_are_refused_unless_replaced_by_identity(tmp_path, monkeypa
 def test_a_graph_that_falls_back_writes_a_repro_under_CAMLIR_REPRO_DIR(tmp_path, monkeypatch):
     monkeypatch.setenv("CAMLIR_REPRO_DIR", str(tmp_path))
 
-    def refuse(self, module):
-        raise camlir.UnsupportedError("op aten.fake cannot run: made up by the test")
+    def refuse(work):
+        raise InterpreterError("aten.fake", "made up by the test")
 
-    monkeypatch.setattr(compiled.CompiledBackward, "_eager_program", refuse)
+    monkeypatch.setattr(eager_backend, "interpret", refuse)
     _backward(_mlp(), backend="eager")
     assert camlir.counters["fallbacks"] == 1
     folder = tmp_path / "graph1"
@@ -112,7 +115,7 @@ def test_a_cpu_compile_failure_writes_a_repro_once(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the jit exploded")
 
-    monkeypatch.setattr(compiled.pipeline, "make_cpu", broken)
+    monkeypatch.setattr(cpu_compiler, "make_native", broken)
     _backward(_mlp(), steps=3)  # graph 1 (no .grad yet), graph 2 twice
     assert camlir.counters["interpreted"] == 2 and camlir.counters["captures"] == 2
     assert sorted(os.listdir(tmp_path)) == ["graph1", "graph2"]
