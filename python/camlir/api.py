@@ -7,6 +7,7 @@ compiles every captured graph with it; the engine itself never imports the compi
 import torch
 
 from . import compiled, ddp
+from .backends import registry
 from . import repro  # noqa: F401 - listens to the driver (events.listen): repros, kept inputs
 from .capture import engine
 from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config
@@ -37,7 +38,7 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
         scope = _scopes.get((backend, fullgraph, dynamic))
     except TypeError:  # an unhashable argument: never valid, said below
         scope = None
-    if scope is not None:
+    if scope is not None and (backend is None or backend in registry.names()):  # it may be unregistered since
         return scope
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")

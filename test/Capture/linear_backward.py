@@ -3,7 +3,7 @@
 # The captured backward of nn.Linear with a tensor hook on the input: one ca.node per
 # autograd node, the hook as ca.hook (traced by the cpu backend into the body @hook_0),
 # accumulation as ca.accumulate_grad. Printed as the trace-hooks stage wrote it to
-# CA_DUMP_DIR; the file re-parses and verifies with ca-opt.
+# CAMLIR_DUMP_DIR; the file re-parses and verifies with ca-opt.
 
 import os
 import pathlib
@@ -12,7 +12,7 @@ import tempfile
 import torch
 
 with tempfile.TemporaryDirectory() as dump_dir:
-    os.environ["CA_DUMP_DIR"] = dump_dir
+    os.environ["CAMLIR_DUMP_DIR"] = dump_dir
     import camlir
 
     torch.manual_seed(0)
