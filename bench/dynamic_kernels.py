@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import camlir
 from camlir import compiled, pipeline
-from camlir.backends import registry
+from camlir import backend_registry as registry
 from camlir.stages import Dump
 from camlir.variant import Variant
 

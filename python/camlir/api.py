@@ -7,7 +7,7 @@ compiles every captured graph with it; the engine itself never imports the compi
 import torch
 
 from . import compiled, ddp
-from .backends import registry
+from . import backend_registry as registry
 from . import repro  # noqa: F401 - listens to the driver (events.listen): repros, kept inputs
 from .capture import engine
 from .settings import Settings, config, scoped  # noqa: F401 - config is re-exported as camlir.config

@@ -28,7 +28,7 @@ import torch
 from torch_mlir import ir
 
 from . import disk_cache, effects, events, graph_choice, logs, pipeline, profiling
-from .backends import registry
+from . import backend_registry as registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture import engine
 from .capture.hook_trace import TRACED_KINDS

@@ -28,7 +28,7 @@ here, `KERNEL_STAGES`:
 and each backend's own stages follow, in its own folder: `backends/cpu/compiler.py` (math,
 bufferize, blas, threads, loops, llvm, jit), `backends/gpu/compiler.py` (gpu-bufferize ..
 ptx); the reference backend (`backends/eager.py`) has one stage, `interpret`. A backend is
-an object registered by name (`backends/registry.py`; the interface: `backends/base.py`).
+an object registered by name (`backend_registry.py`; the interface: `backends/base.py`).
 
 Every stage is dumpable (`stages.Dump`: CAMLIR_LOGS=verbose, CAMLIR_DUMP_DIR) and every
 stage whose result is MLIR can be replayed, or started from, with `ca-opt`.

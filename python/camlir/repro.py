@@ -311,7 +311,7 @@ def replay(meta, text, saved, hooks, backend):
     from torch_mlir import ir
 
     from camlir import pipeline
-    from camlir.backends import registry
+    from camlir import backend_registry as registry
     from camlir.context import make_context
     from camlir.stages import Dump
     from camlir.variant import STATIC, Variant

@@ -23,14 +23,15 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from camlir.backends import registry
+from camlir import backend_registry as registry
 
 
 class Config:
     """The type of `camlir.config`: the process-wide settings.
 
     `enabled` (bool; setting it notifies the `on_change` listeners), `backend` (a name
-    `backends.registry` knows: "cpu", "eager", "gpu", or one registered), `fullgraph` (bool), `dynamic` (None, True or False) and
+    `backend_registry` knows: "cpu", "eager", "gpu", or one registered), `fullgraph`
+    (bool), `dynamic` (None, True or False) and
     `recompile_limit` (an int >= 1: how many programs one captured graph may compile before
     camlir warns and runs that graph uncompiled). `backend`, `dynamic` and
     `recompile_limit` are checked when set: `config.backend = "tpu"` raises a ValueError

@@ -9,7 +9,7 @@ import torch
 
 import camlir
 from camlir import pipeline
-from camlir.backends import registry
+from camlir import backend_registry as registry
 from camlir.backends.base import Backend
 from camlir.backends.host_runtime import ALIAS, Runtime, compile_block
 from camlir.passes.lower_to_linalg import TWIN_ATTR
@@ -142,3 +142,29 @@ def test_an_unregistered_backend_is_refused_with_the_names():
         camlir.enable(backend="toy")
     with pytest.raises(ValueError, match="a backend needs a name"):
         registry.register(Backend())
+
+
+def test_no_backend_imports_another_backends_private_names():
+    # Backends share the host runtime, the interface and the registry; the compiling ones
+    # never import each other, and nothing private crosses a backend's folder.
+    import ast
+    import pathlib
+
+    root = pathlib.Path(camlir.__file__).parent / "backends"
+    own_names = {"eager", "cpu", "gpu"}
+    crossings = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        owner = rel[0].removesuffix(".py")
+        if owner not in own_names:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("camlir.backends."):
+                continue
+            other = node.module.split(".")[2]
+            if other not in own_names or other == owner:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private or {owner, other} == {"cpu", "gpu"}:
+                crossings.append(f"{'/'.join(rel)}: from {node.module} import {[a.name for a in node.names]}")
+    assert not crossings, crossings

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import camlir
 from camlir import compiled, pipeline
-from camlir.backends import registry
+from camlir import backend_registry as registry
 from camlir.stages import Dump, StageError
 from camlir.variant import Variant
 from camlir.backends.cpu import abi, shapes

@@ -5,7 +5,7 @@
         def stages(self, variant):           # what compiles one program (pipeline.compile runs them)
             return pipeline.KERNEL_STAGES + (Stage("my-code", make_my_code),)
 
-    registry.register(MyBackend())           # then enable(backend="my")
+    camlir.backend_registry.register(MyBackend())   # then enable(backend="my")
 
 The driver (`compiled.py`) only ever talks to a backend through this class:
 

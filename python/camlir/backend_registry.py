@@ -5,7 +5,8 @@ first asked for, so that naming a backend costs no import (the gpu backend loads
 Adding a backend is its own folder plus one line: a row of `_BUILTIN`, or a call of
 `register(MyBackend())` from anywhere (a test file registers a toy one).
 
-This module imports nothing of camlir at load time: `settings.py` asks it for the names.
+This module imports nothing of camlir at load time: `settings.py` asks it for the names, so
+it stands below everything (the backends themselves are loaded by name, on first use).
 """
 
 import importlib
