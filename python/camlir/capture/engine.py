@@ -43,7 +43,29 @@ _original_backward = torch.autograd.backward
 _original_grad = torch.autograd.grad
 _original_engine = torch.autograd.Variable._execution_engine
 _grad_signature = inspect.signature(_original_grad)
-_local = threading.local()  # `inside`: this thread is already in a wrapped backward
+
+
+class _ThreadState(threading.local):
+    """What this thread is doing with camlir: every flag the capture and routing read.
+
+    `inside`: a backward camlir runs is on this thread (the outermost one, its hooks and the
+    backwards they start; an inner backward runs as plain PyTorch). `keep_callbacks`:
+    compiled autograd is running a backward for camlir, so a callback queued on the engine
+    goes to `at_end`. `at_end`: the outermost backward's end-of-backward callbacks.
+    `graph`: the compiled backward (`compiled.CompiledBackward`) that started running in
+    this call, None until one does; from then on an error is the backward's own, not a
+    failed capture. `capture_failed`: why compiled autograd could not capture this call
+    (None: it could)."""
+
+    def __init__(self):
+        self.inside = False
+        self.keep_callbacks = False
+        self.at_end: list = []
+        self.graph = None
+        self.capture_failed: Optional[str] = None
+
+
+_local = _ThreadState()
 _lock = threading.Lock()
 # What compiles a captured graph: fn(gm, reasons) -> the callable handed back to the
 # autograd engine. Set by camlir.api (`set_compiler`), so that this module never imports
@@ -81,7 +103,7 @@ class _CallbackKeepingEngine:
         self.run_backward = _original_engine.run_backward  # every backward: no __getattr__
 
     def queue_callback(self, callback):
-        if not getattr(_local, "keep_callbacks", False):
+        if not _local.keep_callbacks:
             return _original_engine.queue_callback(callback)
         if _tracing():
             # camlir is tracing a custom backward or a hook on fake tensors: what the callback
@@ -161,7 +183,6 @@ _warned_cpp_reducer = []
 def running(graph) -> None:
     """Called by the compiled backward `graph` when it starts running (a program or the
     captured graph): from then on an error is the backward's own, not a failed capture."""
-    _local.ran = True
     _local.graph = graph
 
 
@@ -278,14 +299,14 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     the call is one camlir cannot capture (`_not_capturable`; `vmapped()` says whether it
     runs under vmap), or where `graph_choice` routes this backward's structure to the eager
     engine."""
-    if getattr(_local, "inside", False) or _tracing() or torch._C._current_graph_task_id() != -1:
+    if _local.inside or _tracing() or torch._C._current_graph_task_id() != -1:
         # A backward inside a hook of a compiled backward, or one that a tracer records
         # (AOTAutograd traces a compiled region's backward with autograd.grad on fake tensors).
         # The graph-task id covers a backward run from inside another on any thread: past a
         # reentrant depth of 60 the engine runs the inner backward on a worker thread, whose
         # `_local` is fresh; it then waited for `_one_at_a_time`, held by the thread waiting
         # for it (a deadlock; PyTorch's test_deep_reentrant).
-        keep, _local.keep_callbacks = getattr(_local, "keep_callbacks", False), False
+        keep, _local.keep_callbacks = _local.keep_callbacks, False
         try:  # its own callbacks run when it ends, on PyTorch's engine
             return call()
         finally:
@@ -313,7 +334,6 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     # autograd's compile step leaves PyTorch's compiled-autograd state broken for later calls.
     _the_compiler()
     _local.inside = True
-    _local.ran = False
     _local.graph = None
     profile = profiling.current()
     start = profiling.clock() if profile is not None else None
@@ -379,7 +399,7 @@ def _captured(call: Callable, settings):
                 _local.keep_callbacks = False
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
-        if getattr(_local, "ran", False) or _past_capture(exc):
+        if _local.graph is not None or _past_capture(exc):
             raise
         if _CPP_REDUCER in str(exc):
             _ddp_cpp_reducer_fallback()
@@ -418,7 +438,7 @@ def _eager_by_shortcut(root):
     shallow key (`graph_choice.Routes.eager_shortcut`), where nothing else decides this call
     first; else None, and `_run` decides. The short way matters on small backwards: W1's
     overhead over the eager engine was 23 us of a ~46 us backward through `_run`."""
-    if (not isinstance(root, torch.Tensor) or getattr(_local, "inside", False)
+    if (not isinstance(root, torch.Tensor) or _local.inside
             or torch._C._current_graph_task_id() != -1 or _tracing()):
         return None
     settings = active_settings()
@@ -480,7 +500,7 @@ def _route_fallback(route, graph) -> None:
 
 def _run_to_end(*args, **kwargs):
     """`_run`, then the `at_end` callbacks of the outermost backward on this thread."""
-    if getattr(_local, "inside", False):  # a backward inside a hook: the outer one ends later
+    if _local.inside:  # a backward inside a hook: the outer one ends later
         return _run(*args, **kwargs)
     _local.at_end = []
     try:
@@ -504,13 +524,13 @@ def at_end(fn: Callable[[bool], None]) -> None:
 
 def in_backward() -> bool:
     """Whether this thread is inside a backward that camlir runs (its hooks included)."""
-    return getattr(_local, "inside", False)
+    return _local.inside
 
 
 def _ended(failed: bool) -> None:
     # A callback may queue more: as on the eager engine, they run too, in order.
-    callbacks, _local.at_end = getattr(_local, "at_end", []), []
-    keep, _local.keep_callbacks = getattr(_local, "keep_callbacks", False), True
+    callbacks, _local.at_end = _local.at_end, []
+    keep, _local.keep_callbacks = _local.keep_callbacks, True
     try:
         while callbacks:
             for fn in callbacks:
