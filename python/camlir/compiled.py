@@ -95,6 +95,7 @@ class CompiledBackward:
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
         self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
+        self._first_call = True      # no program of this graph has run yet
         _live.add(self)
         counters["captures"] += 1
         _capture_count[0] += 1
@@ -151,9 +152,11 @@ class CompiledBackward:
                             sizes=sizes, scalars=scalars, hooks=hooks, packed_data=packed_data,
                             unpacked=self._unpacked)
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
-        if events.listening("call"):  # repro.py, when imported: it keeps first-call inputs if asked to
-            events.tell("call", capture_id=self.capture_id, module=artifact.module, args=args, n_inputs=len(inputs),
-                        sizes=sizes_, symbolic=artifact.retraced.symbolic, hooks=hooks)
+        if self._first_call:  # repro.py listens: it keeps first-call inputs when asked to
+            self._first_call = False
+            if events.listening("first_call"):
+                events.tell("first_call", capture_id=self.capture_id, module=artifact.module, args=args,
+                            n_inputs=len(inputs), sizes=sizes_, symbolic=artifact.retraced.symbolic, hooks=hooks)
         if settings.fullgraph and getattr(program, "not_native", ""):
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")

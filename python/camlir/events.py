@@ -102,12 +102,12 @@ def forget() -> None:
 
 # Debugging aids (repro.py) listen here instead of sitting on the driver's path: the driver
 # tells what happened, with the live objects, and each listener decides what to keep. Kinds:
-# "call" (a program is about to run: capture_id, module, args, n_inputs, sizes, symbolic,
-# hooks), "interpreted" (a compiling backend could not build a program and the reference
+# "first_call" (a graph's first program is about to run: capture_id, module, args,
+# n_inputs, sizes, symbolic, hooks), "interpreted" (a compiling backend could not build a program and the reference
 # interpreter runs it: capture_id, reason, module, args, hooks, sizes), "fallback" (the
 # graph runs on PyTorch from now on: capture_id, reason, gm, inputs, sizes, scalars, hooks,
 # packed_data, unpacked), "forget" (`camlir.reset()`).
-LISTENER_KINDS = ("call", "interpreted", "fallback", "forget")
+LISTENER_KINDS = ("first_call", "interpreted", "fallback", "forget")
 _listeners: dict = {kind: [] for kind in LISTENER_KINDS}
 
 

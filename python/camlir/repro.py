@@ -20,7 +20,7 @@ backward reads (parameters and saved activations), so it happens only when asked
 `camlir.repro.keep_inputs = True`, or the environment variable `CAMLIR_REPRO=1` (or
 `CAMLIR_REPRO_DIR`) set when camlir is imported.
 
-This module hangs off the driver: it listens to the driver's "call", "interpreted",
+This module hangs off the driver: it listens to the driver's "first_call", "interpreted",
 "fallback" and "forget" news (`events.listen`) once imported (`camlir.repro`,
 `camlir.save_repro`, or at `import camlir.api` when a CAMLIR_REPRO variable is set), and
 the driver never imports it. A failing graph needs nothing kept: with
@@ -99,8 +99,8 @@ def forget() -> None:
 
 
 def remember(capture_id: int, module, args, n_inputs: int, sizes, symbolic: bool, hooks) -> None:
-    """Keeps graph `capture_id`'s first call while `keep_inputs` is on (the driver's "call"
-    news, before each program runs)."""
+    """Keeps graph `capture_id`'s first call when `keep_inputs` is on (the driver's
+    "first_call" news, before its first program runs)."""
     if not keep_inputs or capture_id in _kept:
         return
     _kept[capture_id] = _Call(capture_id, str(module), list(args), n_inputs, sizes, symbolic, hooks)
@@ -392,7 +392,7 @@ if __name__ == "__main__":
 '''
 
 
-events.listen("call", remember)
+events.listen("first_call", remember)
 events.listen("interpreted", on_compile_failure)
 events.listen("fallback", on_fallback)
 events.listen("forget", forget)
