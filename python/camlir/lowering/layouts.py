@@ -25,14 +25,14 @@ def dense_permutation(t: torch.Tensor) -> Optional[tuple]:
     return p if t.permute(p).is_contiguous() else None
 
 
-def input_permutations(arg_types: list, args: list, dynamic: bool = False) -> list:
+def input_permutations(arg_types: list, args: list, runtime_sizes: bool = False) -> list:
     """Per argument, the permutation to pass it with (None: as it is). Only statically
-    shaped value tensors that are not contiguous qualify; with `dynamic` (a program compiled
-    with dynamic dims) value tensors with `?` dims too."""
+    shaped value tensors that are not contiguous qualify; with `runtime_sizes` (a program
+    compiled with dynamic dims) value tensors with `?` dims too."""
     perms = []
     for t, value in zip(arg_types, args):
         text = str(t)
         ok = (isinstance(value, torch.Tensor) and not value.is_contiguous()
-              and text.startswith("!torch.vtensor<[") and (dynamic or "?" not in text))
+              and text.startswith("!torch.vtensor<[") and (runtime_sizes or "?" not in text))
         perms.append(dense_permutation(value) if ok else None)
     return perms + [None] * (len(arg_types) - len(perms))

@@ -60,13 +60,13 @@ class TensorSpec:
     dtype: torch.dtype
 
     @staticmethod
-    def from_type(t, dynamic: bool = False) -> "TensorSpec":
+    def from_type(t, runtime_sizes: bool = False) -> "TensorSpec":
         """From a builtin `tensor<...>` or `!torch.vtensor<[...],dt>` type's text. A `?` dim
-        is refused unless `dynamic`, then it is None."""
+        is refused unless `runtime_sizes`, then it is None."""
         text = str(t)
 
         def dim(d):
-            return None if d in ("?", "-1") and dynamic else int(d)
+            return None if d in ("?", "-1") and runtime_sizes else int(d)
 
         try:
             if text.startswith("tensor<"):
@@ -175,11 +175,12 @@ class ScalarSpec:
         raise TypeError(f"kernel argument of type {text} is not supported by the dynamic ABI")
 
 
-def spec_of(t, dynamic: bool = False):
-    """The spec of one kernel argument or result type: tensors always, scalars when `dynamic`."""
-    if dynamic and not str(t).startswith(("tensor<", "!torch.vtensor<")):
+def spec_of(t, runtime_sizes: bool = False):
+    """The spec of one kernel argument or result type: tensors always, scalars (the sizes a
+    kernel reads) with `runtime_sizes`."""
+    if runtime_sizes and not str(t).startswith(("tensor<", "!torch.vtensor<")):
         return ScalarSpec.from_type(t)
-    return TensorSpec.from_type(t, dynamic)
+    return TensorSpec.from_type(t, runtime_sizes)
 
 
 class DynamicKernel:

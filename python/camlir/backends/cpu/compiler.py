@@ -55,14 +55,14 @@ def split(work: Work) -> None:
     specs, output specs, shape function or None)); with runtime sizes specs may have dynamic
     dims and scalar arguments, and each kernel gets the shape function of its results."""
     split_kernels(work)
-    dynamic = work.variant.runtime_sizes
+    runtime_sizes = work.variant.runtime_sizes
     work.specs = {}
     for fn in funcs(work.kernels, is_kernel):
         ftype = function_type(fn)
         try:
-            ins = [abi.spec_of(t, dynamic) for t in ftype.inputs]
-            outs = [abi.TensorSpec.from_type(t, dynamic) for t in ftype.results]
-            shape_fn = kernel_shapes.derive(fn) if dynamic else None
+            ins = [abi.spec_of(t, runtime_sizes) for t in ftype.inputs]
+            outs = [abi.TensorSpec.from_type(t, runtime_sizes) for t in ftype.results]
+            shape_fn = kernel_shapes.derive(fn) if runtime_sizes else None
         except (TypeError, kernel_shapes.ShapeError) as exc:
             raise StageError("split", f"kernel @{func_name(fn)}: {exc}") from exc
         work.specs[func_name(fn)] = (ins, outs, shape_fn)
@@ -228,7 +228,7 @@ def program(work: Work) -> None:
                               twins=torch_twins(work.module), label=work.dump.label)
     # What the disk cache stores of it (backends/cpu/persist.py).
     work.program.host_text, work.program.engine = persist.host_text(work.module), engine
-    work.program.dynamic, work.program.shared_kernels = work.variant.runtime_sizes, shared
+    work.program.runtime_sizes, work.program.shared_kernels = work.variant.runtime_sizes, shared
 
 
 _CPU_STAGES = (Stage("same-code", same_code), Stage("native", native), Stage("program", program))

@@ -58,7 +58,7 @@ def to_files(program) -> tuple:
     meta = {
         "format": FORMAT,
         "perms": [list(p) if p is not None else None for p in program.arg_perms],
-        "dynamic": program.dynamic,
+        "dynamic": program.runtime_sizes,  # the key of format 1
         "shape_functions": {name: k.shape_fn.source for name, k in program.kernels.items()
                             if getattr(k, "shape_fn", None) is not None},
         "not_native": getattr(program, "not_native", ""),
@@ -73,7 +73,7 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
     meta = entry.meta
     if meta.get("format") != FORMAT:
         raise ValueError(f"stored program format {meta.get('format')!r}, expected {FORMAT}")
-    dynamic = bool(meta["dynamic"])
+    runtime_sizes = bool(meta["dynamic"])
     text = entry.read("host.mlir").decode()
     with context, ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -86,11 +86,11 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
                 continue
             name = func_name(op)
             ftype = function_type(op)
-            ins = [abi.spec_of(t, dynamic) for t in ftype.inputs]
-            outs = [abi.TensorSpec.from_type(t, dynamic) for t in ftype.results]
+            ins = [abi.spec_of(t, runtime_sizes) for t in ftype.inputs]
+            outs = [abi.TensorSpec.from_type(t, runtime_sizes) for t in ftype.results]
             if library is None:
                 raise ValueError(f"the stored host calls kernel @{name} but no kernels.so is stored")
-            if dynamic:
+            if runtime_sizes:
                 shape_fn = ShapeFunction(meta["shape_functions"][name], name)
                 kernels[name] = abi.DynamicKernel(library, name, ins, outs, shape_fn, shared.get(name, ""))
             else:
@@ -100,6 +100,6 @@ def from_files(entry, context: ir.Context) -> CpuProgram:
     program.module = module  # keeps the parsed IR alive with the program
     program.host_text = text
     program.engine = None
-    program.dynamic = dynamic
+    program.runtime_sizes = runtime_sizes
     program.not_native = meta.get("not_native", "")
     return program

@@ -38,7 +38,7 @@ class CpuProgram:
         self.label = label
         self.host_text = None  # set by whoever can rebuild it (compiler.program): for the disk cache
         self.engine = None
-        self.dynamic = False
+        self.runtime_sizes = False  # kernels take their sizes at run time (abi.DynamicKernel)
         self.arg_perms = arg_perms
         self.lowered_text = lowered_text
         self.compile_seconds = compile_seconds
