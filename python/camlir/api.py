@@ -38,7 +38,7 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
         scope = _scopes.get((backend, fullgraph, dynamic))
     except TypeError:  # an unhashable argument: never valid, said below
         scope = None
-    if scope is not None and (backend is None or backend in registry.names()):  # it may be unregistered since
+    if scope is not None and (backend is None or registry.known(backend)):  # it may be unregistered since
         return scope
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")

@@ -33,6 +33,11 @@ def unregister(name: str) -> None:
     _registered.pop(name, None)
 
 
+def known(name) -> bool:
+    """Whether `name` names a backend (two dict lookups: `enable()` asks on every call)."""
+    return name in _registered or name in _BUILTIN
+
+
 def names() -> tuple:
     """Every backend name, built-in first."""
     return tuple(_BUILTIN) + tuple(n for n in _registered if n not in _BUILTIN)

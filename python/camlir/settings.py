@@ -98,7 +98,7 @@ class Config:
 def check_backend(value) -> str:
     """Returns `value` if it names a registered backend, else raises a ValueError listing
     them."""
-    if not isinstance(value, str) or value not in registry.names():
+    if not isinstance(value, str) or not registry.known(value):
         raise ValueError(f"unknown camlir backend {value!r}; available: {', '.join(registry.names())}")
     return value
 
