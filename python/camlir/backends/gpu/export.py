@@ -26,7 +26,7 @@ import shutil
 
 import torch
 
-from camlir.api import enable
+import camlir  # the public API (camlir.enable), loaded on first use
 from camlir.backends.host_runtime import fresh_and_private
 from camlir.backends.gpu import plan as gpu_plan
 from camlir.backends.gpu import program as gpu_program
@@ -40,7 +40,7 @@ def export_backward(make_loss, directory: str, save_inputs: bool = True) -> list
     Returns their paths. The gradients of this backward land in `.grad` as usual (computed
     by the reference interpreter)."""
     with gpu_program.recording() as recorded:
-        with enable(backend="gpu", fullgraph=True):
+        with camlir.enable(backend="gpu", fullgraph=True):
             make_loss().backward()
     if not recorded:
         raise RuntimeError("the backward compiled no gpu program (was it captured?)")
