@@ -126,6 +126,7 @@ def listening(kind: str) -> bool:
 
 
 def tell(kind: str, **details) -> None:
+    """Calls every listener of `kind` with `details` (the driver's news; see `listen`)."""
     for callback in list(_listeners[kind]):
         callback(**details)
 

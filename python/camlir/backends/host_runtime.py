@@ -356,6 +356,7 @@ def steal_or_accumulate(ins, rt):
 
 
 def constant_value(op: ir.Operation):
+    """The Python value of a `torch.constant.*` op (None, int, float, bool, str, device)."""
     name = op.name
     if name == "torch.constant.none":
         return None
@@ -380,6 +381,7 @@ _NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np
 
 
 def literal_tensor(attr, op: ir.Operation) -> torch.Tensor:
+    """The tensor of a `torch.vtensor.literal` op's `value` attribute (dense or resource)."""
     shaped = ir.ShapedType(attr.type)
     elem = str(shaped.element_type)
     if elem not in _NP_DTYPES:
