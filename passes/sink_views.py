@@ -43,10 +43,13 @@ class SinkViews(CAPass):
     Only results that nothing on the host reads but kernel calls are changed (an
     accumulation, a hook or a host op needs the tensor itself), only kernels called once,
     and only views whose other operands are constants (a symbolic size keeps the view
-    where it is). One exception for host ops: a result that is a view of a kernel's own
-    argument and that only host ops run through torch (`ca.host`) read is made on the host
-    from the call's operand (a channels_last activation passed to a convolution backward
-    stays channels_last, as on the eager engine, instead of being copied to NCHW). Runs on
+    where it is). One exception for host ops: a result that is a view and that only host
+    ops run through torch (`ca.host`) read is made on the host, from the call's operand
+    when the view's base is a kernel argument (a channels_last activation passed to a
+    convolution backward stays channels_last, as on the eager engine, instead of being
+    copied to NCHW), or from the base itself, which the kernel then returns, when the
+    kernel computes it and torch can make the view of a contiguous tensor (an attention
+    backward gets its gradient in the permuted layout eager's engine hands it). Runs on
     the host function after ca-outline-kernels.
 
     Before:
@@ -329,34 +332,90 @@ def _fold_identity_results(call: ir.Operation, kernels: dict) -> bool:
 
 
 def _views_on_host(call: ir.Operation, kernels: dict) -> bool:
-    """A result that is a view of a kernel argument and that only host ops run through torch
-    read (`ca.host`: a convolution backward, a max-pool backward): the host makes the view
-    itself, from the call's operand, with no copy. Why: such an argument is often a saved
-    tensor passed permuted to contiguous (a channels_last activation or weight,
-    `backends/cpu/layouts.py`), and the kernel wrote its NCHW view out as a contiguous
-    copy, so torch's kernel got NCHW tensors where eager's engine hands it channels_last
-    ones: a channels_last convolution backward took 2.6x as long (16.0 against 6.2 ms in
-    one process, 64 channels, 16x16, bf16 autocast). Returns whether something changed."""
+    """A result that is a view and that only host ops run through torch read (`ca.host`: a
+    convolution backward, a max-pool backward, an attention backward): the host makes the
+    view itself, with no copy, from the call's operand when the view's base is a kernel
+    argument, or else from the base, which the kernel returns instead. Returns whether
+    something changed.
+
+    Why, for an argument: such an argument is often a saved tensor passed permuted to
+    contiguous (a channels_last activation or weight, `lowering/layouts.py`), and the kernel
+    wrote its NCHW view out as a contiguous copy, so torch's kernel got NCHW tensors where
+    eager's engine hands it channels_last ones: a channels_last convolution backward took
+    2.6x as long (16.0 against 6.2 ms in one process, 64 channels, 16x16, bf16 autocast).
+    For a value the kernel computes: the gradient an attention backward reads is the
+    output projection's `mm`, viewed as (L, B, H, D) and permuted to (B, H, L, D); written
+    out as a contiguous copy, torch's flash-attention backward read it in the other layout
+    and took 689 against eager's 545 us a call (the bench Transformer, 1 thread)."""
     kernel = kernels[_callee(call)]
     args = list(_block(kernel).arguments)
     drop = set()
     for i, value in enumerate(_return(kernel).operands):
         chain, base = _view_chain(value)
-        uses = [u.owner for u in call.results[i].uses]
-        if not (chain and base in args and uses
-                and all(isinstance(u, ir.OpView) and HOST_ATTR in u.operation.attributes for u in uses)):
+        if not (chain and base in args and _only_host_ops_read(call.results[i])):
             continue
         view = _clone_chain(chain, call.operands[args.index(base)], call)
-        made = view
-        for _ in chain:  # the views stay host ops (run through torch), not a new kernel
-            op = defining_op(made)
-            op.attributes[HOST_ATTR] = ir.UnitAttr.get()
-            made = op.operands[0]
+        _mark_host(view, chain)
         call.results[i].replace_all_uses_with(view)
         drop.add(i)
     if drop:
         _drop_results(call, kernel, drop)
-    return bool(drop)
+        return True
+    return _view_of_own_value_on_host(call, kernel)
+
+
+_PERMUTING = ("torch.aten.permute", "torch.aten.t", "torch.aten.transpose.int", "torch.aten.numpy_T")
+_RESHAPING = ("torch.aten.view", "torch.aten._unsafe_view")
+
+
+def _only_host_ops_read(result: ir.Value) -> bool:
+    uses = [u.owner for u in result.uses]
+    return bool(uses) and all(isinstance(u, ir.OpView) and HOST_ATTR in u.operation.attributes for u in uses)
+
+
+def _mark_host(view: ir.Value, chain: list) -> None:
+    """The cloned views stay host ops (run through torch), not a new kernel."""
+    made = view
+    for _ in chain:
+        op = defining_op(made)
+        op.attributes[HOST_ATTR] = ir.UnitAttr.get()
+        made = op.operands[0]
+
+
+def _view_of_own_value_on_host(call: ir.Operation, kernel: ir.Operation) -> bool:
+    """The first result that is a view of a value the kernel computes, read only by host
+    ops, becomes that value (the kernel returns it, contiguous) and the view is made on the
+    host. Only chains that torch can view on a contiguous tensor: a `view` after a
+    permutation may need a copy there (value semantics in the kernel, an error in
+    `aten.view`), so such a chain stays in the kernel."""
+    returned = list(_return(kernel).operands)
+    args = list(_block(kernel).arguments)
+    for i, value in enumerate(returned):
+        chain, base = _view_chain(value)
+        if not chain or base in args or not _only_host_ops_read(call.results[i]):
+            continue
+        permuted = False
+        for op in chain:
+            permuted = permuted or op.name in _PERMUTING
+            if permuted and op.name in _RESHAPING:
+                break
+        else:
+            if not any(op.name in _PERMUTING for op in chain):
+                continue  # a reshape alone costs the kernel nothing: leave it
+            if base in returned:
+                index = returned.index(base)
+            else:
+                _set_returns(kernel, returned + [base])
+                call = _rebuild(call, kernel, list(call.operands), list(call.results) + [None])
+                index = len(returned)
+            ops = [op.operation for op in call.parent.regions[0].blocks[0].operations]
+            after = ops[ops.index(call) + 1]  # the host function's return, at the latest
+            view = _clone_chain(chain, call.results[index], after)
+            _mark_host(view, chain)
+            call.results[i].replace_all_uses_with(view)
+            _drop_results(call, kernel, {i})
+            return True
+    return False
 
 
 def _sink_one(call: ir.Operation, kernels: dict, once: set) -> bool:

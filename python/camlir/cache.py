@@ -357,6 +357,16 @@ class SizeVariants:
             self.stored.save("dynamic", program, guard)
         return program
 
+    def refuse_runtime_sizes(self, reason: str) -> None:
+        """The program with runtime sizes refused a call (`errors.ProgramRefused`): from now
+        on every size set is compiled with its sizes as constants."""
+        from camlir import logs
+
+        self.runtime_sizes_error = f"it refused sizes {self.last_sizes}: {reason}"
+        self.runtime_sized = None
+        logs.log.warning("camlir: the dynamic-size program of this graph refused a call (%s); each size set is "
+                         "compiled with its sizes as constants from now on", reason)
+
     def _note(self, program) -> None:
         self.compile_seconds += getattr(program, "compile_seconds", 0.0)
         self.kernels.update(getattr(program, "kernels", {}))

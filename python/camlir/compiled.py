@@ -35,7 +35,7 @@ from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_unpacked
 from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
-from .errors import UnsupportedError
+from .errors import ProgramRefused, UnsupportedError
 from .settings import active_settings, config
 from .stages import Dump
 from .stats import counters
@@ -163,7 +163,15 @@ class CompiledBackward:
         profile = profiling.current()
         start = time.perf_counter() if profile is not None else 0.0
         with torch.no_grad():
-            results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
+            try:
+                results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
+            except ProgramRefused as exc:  # before any effect: a specialized program answers it
+                variants = artifact.program
+                if not isinstance(variants, SizeVariants):
+                    raise RuntimeError(f"camlir: graph {self.capture_id}: {exc}") from exc
+                variants.refuse_runtime_sizes(str(exc))
+                program = variants.variant(args, hooks)
+                results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
         if profile is not None:
             profile.add_program(time.perf_counter() - start)
         if counters["compiles"] == compiles_before:

@@ -188,3 +188,63 @@ func.func private @backward_kernel_0(%g: !torch.vtensor<[2,3,4,4],f32>, %x: !tor
   %1 = torch.aten.permute %x, %perm : !torch.vtensor<[2,4,4,3],f32>, !torch.list<int> -> !torch.vtensor<[2,3,4,4],f32>
   return %0, %1 : !torch.vtensor<[2,3,4,4],f32>, !torch.vtensor<[2,3,4,4],f32>
 }
+
+// -----
+
+// A view of a value the kernel computes (an output projection's mm, viewed as (L, B, H, D)
+// and permuted to (B, H, L, D)) that only a host op reads: the kernel returns the mm itself,
+// contiguous, and the host makes the view, so torch's attention backward gets the layout
+// eager's engine hands it instead of a contiguous copy.
+// CHECK-LABEL: func.func @backward
+// CHECK: %[[MM:.*]] = call @backward_kernel_0(%{{.*}}, %{{.*}}) : (!torch.vtensor<[16,32],f32>, !torch.vtensor<[32,32],f32>) -> !torch.vtensor<[16,32],f32>
+// CHECK: %[[V:.*]] = torch.aten.view %[[MM]], %{{.*}} {ca.host} : !torch.vtensor<[16,32],f32>, !torch.list<int> -> !torch.vtensor<[8,2,4,8],f32>
+// CHECK: %[[P:.*]] = torch.aten.permute %[[V]], %{{.*}} {ca.host} : !torch.vtensor<[8,2,4,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,8],f32>
+// CHECK: torch.aten.neg %[[P]] {ca.host}
+// CHECK: func.func private @backward_kernel_0({{.*}}) -> !torch.vtensor<[16,32],f32>
+// CHECK: %[[R:.*]] = torch.aten.mm
+// CHECK-NOT: torch.aten.permute
+// CHECK: return %[[R]]
+func.func @backward(%g: !torch.vtensor<[16,32],f32>, %w: !torch.vtensor<[32,32],f32>) {
+  %0 = call @backward_kernel_0(%g, %w) : (!torch.vtensor<[16,32],f32>, !torch.vtensor<[32,32],f32>) -> !torch.vtensor<[2,4,8,8],f32>
+  %1 = torch.aten.neg %0 {ca.host} : !torch.vtensor<[2,4,8,8],f32> -> !torch.vtensor<[2,4,8,8],f32>
+  return
+}
+func.func private @backward_kernel_0(%g: !torch.vtensor<[16,32],f32>, %w: !torch.vtensor<[32,32],f32>) -> !torch.vtensor<[2,4,8,8],f32> attributes {ca.kernel} {
+  %0 = torch.aten.mm %g, %w : !torch.vtensor<[16,32],f32>, !torch.vtensor<[32,32],f32> -> !torch.vtensor<[16,32],f32>
+  %int8 = torch.constant.int 8
+  %int2 = torch.constant.int 2
+  %int4 = torch.constant.int 4
+  %shape = torch.prim.ListConstruct %int8, %int2, %int4, %int8 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %1 = torch.aten.view %0, %shape : !torch.vtensor<[16,32],f32>, !torch.list<int> -> !torch.vtensor<[8,2,4,8],f32>
+  %int0 = torch.constant.int 0
+  %int1 = torch.constant.int 1
+  %int3 = torch.constant.int 3
+  %perm = torch.prim.ListConstruct %int1, %int2, %int0, %int3 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+  %2 = torch.aten.permute %1, %perm : !torch.vtensor<[8,2,4,8],f32>, !torch.list<int> -> !torch.vtensor<[2,4,8,8],f32>
+  return %2 : !torch.vtensor<[2,4,8,8],f32>
+}
+
+// -----
+
+// A view after a permutation may not be a view in torch (it needs a copy there): such a
+// chain stays in the kernel.
+// CHECK-LABEL: func.func @backward
+// CHECK: %[[K:.*]] = call @backward_kernel_0(%{{.*}}) : (!torch.vtensor<[4,6],f32>) -> !torch.vtensor<[24],f32>
+// CHECK-NEXT: torch.aten.neg %[[K]] {ca.host}
+// CHECK: func.func private @backward_kernel_0
+// CHECK: torch.aten.t
+// CHECK: torch.aten.view
+func.func @backward(%g: !torch.vtensor<[4,6],f32>) {
+  %0 = call @backward_kernel_0(%g) : (!torch.vtensor<[4,6],f32>) -> !torch.vtensor<[24],f32>
+  %1 = torch.aten.neg %0 {ca.host} : !torch.vtensor<[24],f32> -> !torch.vtensor<[24],f32>
+  return
+}
+func.func private @backward_kernel_0(%g: !torch.vtensor<[4,6],f32>) -> !torch.vtensor<[24],f32> attributes {ca.kernel} {
+  %float2 = torch.constant.float 2.000000e+00
+  %0 = torch.aten.mul.Scalar %g, %float2 : !torch.vtensor<[4,6],f32>, !torch.float -> !torch.vtensor<[4,6],f32>
+  %1 = torch.aten.t %0 : !torch.vtensor<[4,6],f32> -> !torch.vtensor<[6,4],f32>
+  %int24 = torch.constant.int 24
+  %shape = torch.prim.ListConstruct %int24 : (!torch.int) -> !torch.list<int>
+  %2 = torch.aten.view %1, %shape : !torch.vtensor<[6,4],f32>, !torch.list<int> -> !torch.vtensor<[24],f32>
+  return %2 : !torch.vtensor<[24],f32>
+}

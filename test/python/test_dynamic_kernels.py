@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import camlir
 from camlir import compiled, pipeline
 from camlir import backend_registry as registry
+from camlir.cache import SizeVariants
 from camlir.stages import Dump, StageError
 from camlir.variant import Variant
 from camlir.backends.cpu import abi, shapes
@@ -192,3 +193,25 @@ def test_shape_function_raises_where_the_kernel_would_abort():
     assert fn(torch.empty(4), torch.empty(4)) == ((4,),)
     with pytest.raises(shapes.ShapeError, match="mismatched size"):
         fn(torch.empty(4), torch.empty(5))
+
+
+def test_a_dynamic_program_that_refuses_its_sizes_is_answered_by_a_specialized_one():
+    # A symbolic TransformerEncoderLayer capture: the program with runtime sizes fails a size
+    # check of its first kernel (a dynamic-dims lowering gap, docs/driver.md). Its shape
+    # function raised out of the backward and left PyTorch's compiled autograd broken (the
+    # next backward aborted the process); refused before any effect, a program specialized
+    # to the sizes answers the call instead, and every gradient is eager's.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    for shape in [(2, 8, 32), (8, 64, 32), (3, 5, 32)]:
+        x = torch.randn(*shape)
+        layer.zero_grad(set_to_none=True)
+        layer(x).sum().backward()
+        expected = [p.grad.clone() for p in layer.parameters()]
+        layer.zero_grad(set_to_none=True)
+        camlir.compile_backward(layer(x).sum())
+        for p, e in zip(layer.parameters(), expected):
+            torch.testing.assert_close(p.grad, e)
+    assert camlir.counters["fallbacks"] == 0
+    variants = [p for _, _, p in camlir.compiled_programs() if isinstance(p, SizeVariants)]
+    assert variants and "refused" in variants[0].runtime_sizes_error

@@ -114,7 +114,7 @@ class Runtime:
     """What one backward call provides: the hooks list, the Python call-back table and the
     packed data of saved-tensor hooks."""
 
-    __slots__ = ("hooks", "callbacks", "packed", "profile", "profiling")
+    __slots__ = ("hooks", "callbacks", "packed", "profile", "profiling", "touched")
 
     def __init__(self, hooks, callbacks=(), packed=()):
         self.hooks = hooks
@@ -122,6 +122,9 @@ class Runtime:
         self.packed = packed  # what saved-tensor pack hooks returned (unpack hooks take it)
         self.profile = profiling.current()  # None unless camlir.profile() or CA_LOGS=perf
         self.profiling = False
+        # Set by every step with an effect outside the program (a hook, a Python call-back,
+        # an accumulation into .grad): until then a failed call can be answered another way.
+        self.touched = False
 
 
 ALIAS = object()  # what `extra` returns for an op whose result is its operand (a cast)
@@ -192,7 +195,10 @@ def _handler(op: ir.Operation, extra=None):
     if name == "ca.call_python":
         ident = ir.IntegerAttr(attrs["id"]).value
         n_out = len(op.results)
-        return lambda ins, rt: _as_tuple(rt.callbacks[ident](*ins), n_out)
+        def call_python(ins, rt):
+            rt.touched = True
+            return _as_tuple(rt.callbacks[ident](*ins), n_out)
+        return call_python
     if name.startswith("torch.constant."):
         value = constant_value(op)
         return lambda ins, rt: (value,)
@@ -224,6 +230,7 @@ def _hook_handler(op):
     n_results = len(op.results)
     if kind == "tensor_pre_hook":
         def tensor_pre(ins, rt):
+            rt.touched = True
             out = call_hook(rt.hooks[ident], ins[0], hook_type=kind)
             _check_hook_results(rt.hooks[ident], kind, ins, (out,))
             return (out,)
@@ -232,12 +239,16 @@ def _hook_handler(op):
         return _unpack_handler(op, ident)
     if kind == "cpp_tensor_pre_hook":
         run_cpp_hooks = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks
-        return lambda ins, rt: (run_cpp_hooks(ident, ins[0]),)
+        def cpp_tensor_pre(ins, rt):
+            rt.touched = True
+            return (run_cpp_hooks(ident, ins[0]),)
+        return cpp_tensor_pre
     none_at = [ir.IntegerAttr(a).value for a in op.attributes["none_at"]] if "none_at" in op.attributes else []
     none_at_outputs = ([ir.IntegerAttr(a).value for a in op.attributes["none_at_outputs"]]
                        if "none_at_outputs" in op.attributes else [])
     if kind == "pre_hook":
         def pre(ins, rt):
+            rt.touched = True
             grads = with_nones(list(ins), none_at)
             outs = tuple(call_hook(rt.hooks[ident], grads, hook_type=kind))
             _check_hook_results(rt.hooks[ident], kind, grads, outs)
@@ -245,6 +256,7 @@ def _hook_handler(op):
         return pre
     if kind == "post_hook":
         def post(ins, rt):
+            rt.touched = True
             grad_inputs = with_nones(list(ins[:n_results]), none_at)
             grad_outputs = with_nones(list(ins[n_results:]), none_at_outputs)
             outs = tuple(call_hook(rt.hooks[ident], grad_inputs, grad_outputs, hook_type=kind))
@@ -253,6 +265,7 @@ def _hook_handler(op):
         return post
 
     def post_acc_grad(ins, rt):
+        rt.touched = True
         call_hook(rt.hooks[ident], ins[0], hook_type=kind)
         return ()
     return post_acc_grad
@@ -268,6 +281,7 @@ def _unpack_handler(op, ident):
     dims = [None if d == "?" else int(d) for d in m.group(1).split(",")] if m and m.group(1) else []
 
     def unpack(ins, rt):
+        rt.touched = True
         out = call_hook(rt.hooks[ident], rt.packed[data_id], hook_type="unpack_hook")
         if (not isinstance(out, torch.Tensor) or out.dim() != len(dims)
                 or any(d is not None and d != s for d, s in zip(dims, out.shape))):
@@ -300,6 +314,7 @@ def _hook_name(hook) -> str:
 
 
 def _accumulate(ins, rt):
+    rt.touched = True
     param, grad = ins
     # PyTorch's own accumulation: assigns (or steals) when .grad is None, else adds in place.
     call_accumulate_grad(param, param.grad, grad, False)
@@ -346,6 +361,7 @@ def steal_or_accumulate(ins, rt):
     else holds when its layout matches the parameter's, else it copies; with `.grad` set
     it adds in place. PyTorch's helper cannot see that our kernel output is private (the
     interpreter holds references), so it would always copy: 4 MB per 1024x1024 weight."""
+    rt.touched = True
     param, grad = ins
     if (param.grad is None and param.is_contiguous() and grad.is_contiguous() and grad.dtype == param.dtype
             and grad.shape == param.shape and not grad.requires_grad):

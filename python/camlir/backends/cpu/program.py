@@ -15,8 +15,10 @@ shapes.
 from torch_mlir import ir
 
 from camlir.backends.cpu import choice, malloc_tuning
+from camlir.backends.cpu.shapes import ShapeError
 from camlir.backends.host_runtime import (ALIAS, InterpreterError, Runtime, compile_block, fresh_and_private,
                                           steal_or_accumulate)
+from camlir.errors import ProgramRefused
 from camlir.passes.lower_to_linalg import TWIN_ATTR
 
 
@@ -70,7 +72,18 @@ class CpuProgram:
         args = list(args)
         for i, p in self._perm_args:
             args[i] = args[i].permute(p)
-        return self.program.run(args, Runtime(hooks, callbacks, packed))
+        runtime = Runtime(hooks, callbacks, packed)
+        try:
+            return self.program.run(args, runtime)
+        except ShapeError as exc:
+            # A kernel with runtime sizes whose size checks fail for this call (its shape
+            # function; compiled code would abort the process). Before any effect the
+            # driver answers the call with a program specialized to these sizes.
+            if not runtime.touched:
+                raise ProgramRefused(str(exc)) from exc
+            raise RuntimeError(f"camlir: {self.label}: {exc}, after the backward had run hooks or accumulated "
+                               f"gradients; this is a camlir bug, please report it (camlir.save_repro writes a "
+                               f"replayable case; enable(dynamic=False) avoids programs with runtime sizes)") from exc
 
 
 def torch_twins(module: ir.Module) -> dict:
