@@ -109,6 +109,9 @@ VARIABLES = (
              "The smallest loop nest (iterations) that is split over the threads (at least 1); the fuzzer "
              "and the model sweep set it low to test the split. Not a whole number: an error. "
              "See [cpu-backend.md](cpu-backend.md)."),
+    Variable("CAMLIR_VECTOR_WIDTH", (), None, "int",
+             "`8` or `16`: f32 lanes per vector in the generated loops. Unset: 16 where the CPU has "
+             "AVX-512, else 8. Anything else: an error. See [speed.md](speed.md).", shown="16 with AVX-512, else 8"),
     Variable("CAMLIR_JIT_WORKERS", (), None, "int",
              "Worker processes for LLVM's code generation of a big kernel module; `0` compiles in the "
              "process alone. Not a whole number: an error. See [speed.md](speed.md).",

@@ -292,3 +292,38 @@ def test_a_kernel_refuses_an_argument_of_another_shape_or_dtype():
     with pytest.raises(RuntimeError, match="compiled for"):
         native(bad_dtype)
     camlir.reset()
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_both_vector_widths_give_eagers_gradients(width, monkeypatch):
+    # The loops stage's width is chosen by the CPU (16 lanes with AVX-512); both widths must
+    # compile natively and agree with eager, with ragged rows (masked last vectors) and a
+    # reduction. 16 lanes need AVX-512 to run here.
+    from camlir.backends.cpu import jit
+
+    if width == 16 and "avx512f" not in jit._cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("CAMLIR_VECTOR_WIDTH", str(width))
+    monkeypatch.setenv("CAMLIR_DISK_CACHE", "0")
+    camlir.reset()
+    torch.manual_seed(0)
+    w = torch.randn(5, 37, requires_grad=True)
+    x = torch.randn(5, 37)
+    loss = lambda: (torch.nn.functional.gelu(x * w).sum(dim=1) * torch.tanh(w).mean(dim=1)).sum()  # noqa: E731
+    loss().backward()
+    expected = w.grad.clone()
+    w.grad = None
+    camlir.compile_backward(loss())
+    torch.testing.assert_close(w.grad, expected)
+    assert camlir.counters["interpreted"] == 0
+    (_, _, program), = camlir.compiled_programs()
+    assert program.kernels
+    camlir.reset()
+
+
+def test_a_bad_vector_width_is_refused(monkeypatch):
+    from camlir.backends.cpu import jit
+
+    monkeypatch.setenv("CAMLIR_VECTOR_WIDTH", "12")
+    with pytest.raises(ValueError, match="CAMLIR_VECTOR_WIDTH must be 8 or 16, got 12"):
+        jit.vector_width()

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import camlir
+from camlir.backends.cpu import jit
 from helpers import camlir_logs
 
 
@@ -102,7 +103,7 @@ _BF16_ARITHMETIC = re.compile(r"llvm\.(f(add|sub|mul|div|rem|neg|cmp|pext|ptrunc
 
 def _assert_native_bf16(tmp_dir, messages):
     text = _llvm_stage(tmp_dir)
-    assert "vector<8xf32>" in text, "the kernels were not vectorized"
+    assert f"vector<{jit.vector_width()}xf32>" in text, "the kernels were not vectorized"
     assert not any("vectorized loops refused" in m for m in messages), messages
     found = _BF16_ARITHMETIC.findall(text)
     assert not found, f"bf16 arithmetic left for LLVM: {found[:5]}"
@@ -136,7 +137,7 @@ def test_bf16_rows_that_end_in_a_partial_vector(tmp_path, autocast):
 def test_fp16_mlp(tmp_path):
     _check(torch.float16)
     text = _llvm_stage(str(tmp_path))
-    assert "vector<8xf32>" in text
+    assert f"vector<{jit.vector_width()}xf32>" in text
     # f16 arithmetic is f32 arithmetic too; only conversions (one F16C instruction) remain.
     assert not re.search(r"llvm\.f(add|sub|mul|div)[^\n]*f16", text)
 

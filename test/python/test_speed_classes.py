@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch_mlir import ir
 
 import camlir
+from camlir.backends.cpu import jit
 from camlir.backends.cpu.compiler import loops_and_llvm
 from camlir.stages import Dump
 from helpers import camlir_logs
@@ -63,7 +64,7 @@ def test_pow_stays_vectorized(exponent, tmp_path, monkeypatch):
     llvm = sorted(p for p in tmp_path.rglob("*-llvm.mlir"))
     assert llvm, "no llvm stage dumped"
     text = llvm[-1].read_text()
-    assert "vector<8xf32>" in text and "llvm.intr.powi" not in text
+    assert f"vector<{jit.vector_width()}xf32>" in text and "llvm.intr.powi" not in text
 
 
 def test_gelu_tanh_by_hand_is_vectorized():
@@ -108,7 +109,7 @@ def test_non_constant_powi_on_vectors_keeps_the_module_vectorized():
     assert not [m for m in messages if "scalar loops" in m], messages
     out = str(llvm)
     assert "llvm.call @__mlir_math_fpowi_f32_i64" in out
-    assert "vector<8xf32>" in out and "llvm.intr.powi" not in out
+    assert f"vector<{jit.vector_width()}xf32>" in out and "llvm.intr.powi" not in out
 
 
 # --------------------------------------------------------------------------- activations

@@ -16,7 +16,8 @@ After the shared kernel stages (`pipeline.KERNEL_STAGES`: specialize .. split):
     threads      big parallel generics outlined, each to run one   linalg-generalize-named-ops,
                  block of a dimension per OpenMP thread            ca-outline-parallel-loops
     loops        loads through static slices folded into their     ca-fold-views,
-                 buffer's indices; 8-wide vectorized affine loops  ..., ca-bound-parallel-loops
+                 buffer's indices; 16-wide (AVX-512) or 8-wide      ..., ca-bound-parallel-loops
+                 vectorized affine loops
                  (scalar loops where the vectorizer refuses); split
                  loops cut to a block
     llvm         the LLVM dialect; a powi left on vectors per lane; convert-math-to-funcs,
@@ -109,19 +110,27 @@ def blas(kernel_module: ir.Module, dump: Dump) -> None:
     run_stage("blas", kernel_module, ["ca-matmul-to-blas", "ca-copies-to-linalg", "ca-define-blas-wrappers"], dump)
 
 
-# Affine loops so the super-vectorizer can turn innermost unit-stride loops into 8-wide
-# vector code (AVX2); LLVM's own loop vectorizer left these loops scalar (GELU's backward
+# Affine loops so the super-vectorizer can turn innermost unit-stride loops into vector code
+# (`jit.vector_width()` lanes: 16 with AVX-512, 8 with AVX2); LLVM's own loop vectorizer left these loops scalar (GELU's backward
 # ran 3.6x slower than PyTorch's). The affine conversion refuses some strided buffers
 # ("non-trivial layout map"): such a module takes plain loops instead.
 _VECTOR_LOOPS = [
     "convert-linalg-to-affine-loops",
     "ca-fold-views",  # loads through a slice read its buffer: the vectorizer refuses strided layouts
     "ca-register-reductions",  # reductions in iter_args, which the vectorizer takes
-    "func.func(affine-super-vectorize{virtual-vector-size=8 vectorize-reductions=true})",
+    "func.func(affine-super-vectorize{virtual-vector-size=%d vectorize-reductions=true})",
     "lower-affine",
     "func.func(convert-vector-to-scf)",
     "ca-bound-parallel-loops",  # the threads stage's loop nests: each thread's block only
 ]
+
+
+def vector_loops(width: int = 0) -> list:
+    """The loops stage's passes with `width` lanes (default: `jit.vector_width()`)."""
+    width = width or jit.vector_width()
+    return [p % width if "%d" in p else p for p in _VECTOR_LOOPS]
+
+
 _SCALAR_LOOPS = ["func.func(convert-linalg-to-loops)", "ca-bound-parallel-loops"]
 _TO_LLVM = [
     "func.func(convert-linalg-to-loops)",
@@ -157,7 +166,7 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     trial = ir.Module.parse(str(kernel_module), kernel_module.context)
     start = dump.previous
     try:
-        run_stage("loops", trial, _VECTOR_LOOPS, dump)
+        run_stage("loops", trial, vector_loops(), dump)
         _no_bool_vectors(trial)
         run_stage("llvm", trial, _to_llvm(trial), dump)
         return trial

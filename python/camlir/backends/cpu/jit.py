@@ -61,6 +61,35 @@ def parallel_runtime() -> bool:
     return all(name in blas_symbols() for name in _OMP_SYMBOLS)
 
 
+_WIDTH = []  # the vector width, once known (the CPU does not change under a process)
+
+
+def vector_width() -> int:
+    """f32 lanes per vector of the loops stage: 16 where the CPU has AVX-512 (the JIT
+    compiles for this host, so `vector<16xf32>` is one zmm register), else 8 (AVX2's ymm).
+    `CAMLIR_VECTOR_WIDTH` (8 or 16) overrides it. Measured on the 2-core AVX-512 Xeon, 4 x
+    (mul, GELU) backward on 64 x 1024: 8 lanes 1.32-1.41x eager, 16 lanes 1.21-1.28x."""
+    forced = environment.integer("CAMLIR_VECTOR_WIDTH")
+    if forced is not None:
+        if forced not in (8, 16):
+            raise ValueError(f"CAMLIR_VECTOR_WIDTH must be 8 or 16, got {forced}")
+        return forced
+    if not _WIDTH:
+        _WIDTH.append(16 if "avx512f" in _cpu_flags() else 8)
+    return _WIDTH[0]
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def parallel_min_elements() -> int:
     """The smallest loop nest (in iterations) that the threads stage splits over the threads:
     32768, the grain below which PyTorch's own elementwise kernels stay on one thread.
