@@ -281,7 +281,8 @@ class CompiledBackward:
         if not backend.stores_programs or not disk_cache.enabled():
             return None
         start = time.perf_counter()
-        key = disk_cache.graph_key(self.gm, inputs, sizes, scalars, hooks, settings.backend, settings.dynamic)
+        key = disk_cache.graph_key(self.gm, inputs, sizes, scalars, hooks,
+                                   f"{settings.backend} {backend.code_options()}", settings.dynamic)
         self._disk_key = key
         entry = disk_cache.store().get(key) if key is not None else None
         if entry is None:

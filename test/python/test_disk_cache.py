@@ -258,3 +258,23 @@ def test_processes_sharing_the_directory_at_once(tmp_path):
         assert p.returncode == 0, err[-3000:]
     again = _process(tmp_path, 4.0)
     assert again["compiles"] == 0, again
+
+
+def test_the_vector_width_is_part_of_the_key(tmp_path, monkeypatch):
+    # A program stored with 8-lane loops is not loaded where 16 lanes are asked for.
+    from camlir.backends.cpu import jit
+
+    if "avx512f" not in jit._cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("CAMLIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CAMLIR_DISK_CACHE", "1")
+    w = torch.randn(4, 3, requires_grad=True)
+    for width, hits in (("8", 0), ("8", 1), ("16", 0), ("16", 1)):
+        monkeypatch.setenv("CAMLIR_VECTOR_WIDTH", width)
+        camlir.reset()
+        w.grad = None
+        camlir.compile_backward((w.sin() * 2).sum())
+        torch.testing.assert_close(w.grad, w.detach().cos() * 2)
+        disk_cache.flush()  # the store runs on a background thread
+        assert camlir.counters["disk_cache_hits"] == hits, (width, dict(camlir.counters))
+    camlir.reset()

@@ -21,7 +21,8 @@ The driver (`compiled.py`) only ever talks to a backend through this class:
   runtime sizes, `cache.SizeVariants`) and `runtime_sizes` (whether `Variant(runtime_sizes=
   True)` compiles).
 - What it caches on disk: `stores_programs`, with `not_storable(program)`, `to_files(program)`
-  and `from_files(entry, context)` (`disk_cache.py` keys and stores them).
+  and `from_files(entry, context)` (`disk_cache.py` keys and stores them; `code_options()`
+  joins the key).
 - `apart_from`: the first stage that may run in a thread of its own (`pipeline.compile`).
 """
 
@@ -40,6 +41,11 @@ class Backend:
 
     def stages(self, variant) -> tuple:
         raise NotImplementedError(f"backend {self.name!r} defines no stages")
+
+    def code_options(self) -> str:
+        """What, besides the graph and the machine, decides this backend's code (part of the
+        disk-cache key: a program stored under other options is not loaded)."""
+        return ""
 
     def require_device(self) -> None:
         """Raises when this backend cannot run in this process (nothing by default)."""

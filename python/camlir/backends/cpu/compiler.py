@@ -254,6 +254,9 @@ class CpuBackend(Backend):
     def stages(self, variant) -> tuple:
         return tuple(Stage("split", split) if s.name == "split" else s for s in KERNEL_STAGES) + _CPU_STAGES
 
+    def code_options(self) -> str:
+        return f"vector width {jit.vector_width()}"
+
     def not_storable(self, program) -> str:
         if not isinstance(program, CpuProgram) or program.host_text is None:
             return "it is not native code (interpreted)"
