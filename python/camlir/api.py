@@ -42,6 +42,8 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
         return scope
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
+    if fullgraph not in (None, True, False):
+        raise ValueError(f"fullgraph must be None, True or False, got {fullgraph!r}")
     scope = scoped(Settings(backend, fullgraph, dynamic))  # checks the backend
     if len(_scopes) < 64:
         _scopes[(backend, fullgraph, dynamic)] = scope

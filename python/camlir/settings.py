@@ -19,6 +19,7 @@ wants camlir.
 """
 
 import contextlib
+import difflib
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -35,14 +36,26 @@ class Config:
     `recompile_limit` (an int >= 1: how many programs one captured graph may compile before
     camlir warns and runs that graph uncompiled). `backend`, `dynamic` and
     `recompile_limit` are checked when set: `config.backend = "tpu"` raises a ValueError
-    that lists the backends.
+    that lists the backends; `enabled`, `fullgraph` and `disk_cache` take a bool
+    (`config.fullgraph = "no"` is a ValueError, not True), and a name that is not a setting
+    (`config.recompile_limt = 3`) is an AttributeError that names the closest setting.
 
     `dynamic`: None (the default) compiles the first sizes a graph sees as constants, and
     once they change, one program with dynamic sizes for all later ones; True compiles with
     dynamic sizes from the first backward; False compiles every new size set as constants.
     """
 
+    SETTINGS = ("enabled", "backend", "fullgraph", "dynamic", "recompile_limit", "disk_cache")
+    _BOOLS = ("fullgraph", "disk_cache")
+
     def __setattr__(self, name, value):
+        if not name.startswith("_"):
+            if name not in Config.SETTINGS:
+                close = difflib.get_close_matches(name, Config.SETTINGS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; the settings: {', '.join(Config.SETTINGS)}"
+                raise AttributeError(f"camlir.config has no setting {name!r}{hint}")
+            if name in Config._BOOLS:
+                value = _bool(name, value)
         # Every change bumps `_version`, which `Settings.resolved` caches against (resolving
         # anew cost ~1.5 us of every backward).
         super().__setattr__(name, value)
@@ -62,7 +75,7 @@ class Config:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
-        self._enabled = bool(value)
+        self._enabled = _bool("enabled", value)
         _notify()
 
     @property
@@ -93,6 +106,16 @@ class Config:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"camlir.config.recompile_limit must be an int >= 1, got {value!r}")
         self._recompile_limit = value
+
+
+def _bool(name: str, value) -> bool:
+    """`value` as a setting's bool: True/False (or 1/0); anything else is a ValueError, so
+    that `config.fullgraph = "no"` does not silently mean True."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"camlir.config.{name} must be True or False, got {value!r}")
 
 
 def check_backend(value) -> str:

@@ -1,6 +1,7 @@
 """The driver: honest compile counts, dynamic sizes, the recompile limit, `camlir.explain()`."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -133,3 +134,21 @@ def test_hook_change_is_a_recompile_with_its_reason():
     compiles = camlir.explain(kind="compile")
     assert len(compiles) == 2 and compiles[1].what == "hooks", compiles
     assert "changed" in compiles[1].reason
+
+
+@pytest.mark.parametrize("statement, error, message", [
+    ("camlir.config.fullgraph = 'no'", ValueError, "camlir.config.fullgraph must be True or False, got 'no'"),
+    ("camlir.config.disk_cache = 'off'", ValueError, "camlir.config.disk_cache must be True or False"),
+    ("camlir.config.enabled = 'on'", ValueError, "camlir.config.enabled must be True or False"),
+    ("camlir.config.recompile_limt = 3", AttributeError, "no setting 'recompile_limt'; did you mean 'recompile_limit'"),
+    ("camlir.config.speed = 'max'", AttributeError, "no setting 'speed'; the settings: enabled, backend"),
+    ("camlir.enable(fullgraph='yes')", ValueError, "fullgraph must be None, True or False, got 'yes'"),
+])
+def test_config_rejects_bad_values_and_unknown_names(statement, error, message):
+    # issue 31: `config.fullgraph = "no"` used to be accepted and then act as True, and a
+    # typo made a new attribute silently.
+    before = {name: getattr(camlir.config, name) for name in camlir.config.SETTINGS}
+    with pytest.raises(error, match=re.escape(message)):
+        exec(statement, {"camlir": camlir})
+    assert {name: getattr(camlir.config, name) for name in camlir.config.SETTINGS} == before
+    assert not hasattr(camlir.config, "recompile_limt")
