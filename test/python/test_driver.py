@@ -152,3 +152,21 @@ def test_config_rejects_bad_values_and_unknown_names(statement, error, message):
         exec(statement, {"camlir": camlir})
     assert {name: getattr(camlir.config, name) for name in camlir.config.SETTINGS} == before
     assert not hasattr(camlir.config, "recompile_limt")
+
+
+@pytest.mark.parametrize("case", ["no grad", "second backward"])
+def test_a_users_error_is_pytorchs_and_not_a_camlir_fallback(case, caplog):
+    # issue 31, point 3: these raised PyTorch's error after camlir had printed "could not
+    # capture this backward ... it runs eagerly" and counted a fallback.
+    camlir.reset()
+    w = torch.randn(3, requires_grad=True)
+    if case == "no grad":
+        loss, expected = torch.randn(3).sum(), "does not require grad"
+    else:
+        loss, expected = (w * 2).sum(), "backward through the graph a second time"
+        loss.backward()
+    with caplog.at_level(logging.WARNING, logger="camlir"), pytest.raises(RuntimeError, match=expected):
+        camlir.compile_backward(loss)
+    assert camlir.counters["fallbacks"] == 0
+    assert not [r for r in caplog.records if "could not capture" in r.getMessage()]
+    assert not camlir.explain(kind="fallback")

@@ -401,12 +401,20 @@ def _captured(call: Callable, settings):
     except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
         if _local.graph is not None or _past_capture(exc):
             raise
-        if _CPP_REDUCER in str(exc):
-            _ddp_cpp_reducer_fallback()
-        else:
-            _capture_failed(exc, settings)
-        _local.capture_failed = f"compiled autograd could not capture it ({type(exc).__name__})"
-    return call()
+        failed = exc
+    cpp_reducer = _CPP_REDUCER in str(failed)
+    if settings.fullgraph and not cpp_reducer:
+        _capture_failed(failed, settings)  # raises UnsupportedError
+    # Nothing of the backward ran: the eager engine answers. Where it refuses the call too
+    # (a root that needs no grad, a second backward without retain_graph), the error is the
+    # user's: PyTorch's own, unchanged, and no camlir fallback is counted or reported.
+    result = call()
+    if cpp_reducer:
+        _ddp_cpp_reducer_fallback()
+    else:
+        _capture_failed(failed, settings)
+    _local.capture_failed = f"compiled autograd could not capture it ({type(failed).__name__})"
+    return result
 
 
 def _timed_choice() -> bool:
