@@ -37,6 +37,11 @@ if "torch" in sys.modules:  # DDP modules built after `import camlir` can then c
 _SUBMODULES = ("repro",)  # `camlir.repro.keep_inputs = True` works without importing it first
 
 
+def __dir__():
+    """The public API (loaded on first use, so `dir()` alone lists it), then the rest."""
+    return sorted(set(__all__) | set(_SUBMODULES) | set(globals()))
+
+
 def __getattr__(name):
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)

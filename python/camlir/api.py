@@ -22,7 +22,10 @@ def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, f
     """Runs `loss.backward(gradient, retain_graph=...)` through camlir; grads land in `.grad`.
 
     `backend=None` means `camlir.config.backend`; `fullgraph=True` raises
-    `camlir.UnsupportedError` instead of falling back to PyTorch.
+    `camlir.UnsupportedError` instead of falling back to PyTorch (the values of both as in
+    `enable`).
+
+        camlir.compile_backward(model(x).sum())
     """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"compile_backward expects a tensor, got {type(loss).__name__}")
@@ -32,8 +35,22 @@ def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, f
 
 def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
     """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir:
-    `with camlir.enable(): ...`, or `@camlir.enable()` on a function. Bad arguments raise a
-    ValueError here."""
+    `with camlir.enable(): ...`, or `@camlir.enable()` on a function.
+
+    - `backend`: a registered backend name: "cpu" (native code, the default), "eager" (the
+      reference interpreter: every op through torch, for debugging), "gpu" (PTX on a CUDA
+      device), or one `camlir.backend_registry.register`ed; None means `config.backend`.
+    - `fullgraph`: True raises `camlir.UnsupportedError` naming what would not be compiled
+      code, instead of falling back; None means `config.fullgraph` (False).
+    - `dynamic`: None (sizes start static, then one program with dynamic sizes after a
+      change), True (dynamic sizes from the first backward), False (every new size set is
+      compiled with its sizes as constants); None means `config.dynamic`.
+
+    Bad arguments raise a ValueError here.
+
+        with camlir.enable(backend="cpu", dynamic=True):
+            loss.backward()
+    """
     try:
         scope = _scopes.get((backend, fullgraph, dynamic))
     except TypeError:  # an unhashable argument: never valid, said below

@@ -116,7 +116,15 @@ def current() -> Optional[Profile]:
 
 @contextlib.contextmanager
 def profile():
-    """Profiles every backward camlir runs inside the block; yields the `Profile`."""
+    """Profiles every backward camlir runs inside the block; yields the `Profile`, whose
+    `table()` is the text report (the whole backward, camlir's program, and each host step:
+    kernels, host ops, hooks, accumulations) and whose `steps` are the raw timings.
+
+        with camlir.profile() as prof:
+            for _ in range(20):
+                loss_fn().backward()      # inside camlir.enable(), as usual
+        print(prof.table())
+    """
     p = Profile()
     with _lock:
         _stack.append(p)
@@ -131,7 +139,7 @@ _process_profile: list = []
 
 
 def profile_process(log) -> None:
-    """`CA_LOGS=perf`: profiles everything from now on and logs the table at exit."""
+    """`CAMLIR_LOGS=perf`: profiles everything from now on and logs the table at exit."""
     if _process_profile:
         return
     p = Profile()

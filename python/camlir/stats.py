@@ -23,6 +23,17 @@ KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits"
 class Counters(collections.Counter):
     """The type of `camlir.counters`: a Counter that always has every key of `KEYS`.
 
+    The keys (also the module's docstring): `captures` (backward graphs handed to camlir),
+    `compiles` (programs built), `unique_graphs` (distinct `ca` modules compiled),
+    `cache_hits` (backward calls served with nothing compiled), `disk_cache_hits`
+    (programs loaded from disk instead of compiled), `fallbacks` (graphs or calls PyTorch
+    ran because camlir could not), `interpreted` (graphs the cpu backend could not compile,
+    run by the reference interpreter), `eager_runs` (backward calls sent to the eager
+    engine by the speed choice or after a fallback).
+
+        >>> camlir.counters["compiles"], camlir.counters["cache_hits"]
+        (1, 41)
+
     `clear()` sets them all to 0 instead of removing them, so a fresh process prints
     `captures=0, compiles=0, ...` rather than nothing.
     """

@@ -170,3 +170,20 @@ def test_a_users_error_is_pytorchs_and_not_a_camlir_fallback(case, caplog):
     assert camlir.counters["fallbacks"] == 0
     assert not [r for r in caplog.records if "could not capture" in r.getMessage()]
     assert not camlir.explain(kind="fallback")
+
+
+def test_the_public_api_is_listed_and_explains_itself():
+    # issue 31, point 4: dir(camlir) listed none of the lazily loaded API.
+    import subprocess
+    import sys
+
+    names = subprocess.run([sys.executable, "-c", "import camlir; print(' '.join(dir(camlir)))"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in ("compile_backward", "enable", "config", "counters", "explain", "profile", "save_repro", "repro"):
+        assert name in names, name
+    assert set(camlir.__all__) <= set(names)
+    for value, words in ((camlir.enable, ("backend", "fullgraph", "dynamic", '"eager"', "None")),
+                         (camlir.profile, ("table()",)),
+                         (type(camlir.counters), ("cache_hits", "interpreted", "eager_runs"))):
+        for word in words:
+            assert word in (value.__doc__ or ""), (value, word)
