@@ -37,6 +37,7 @@ from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import ProgramRefused, UnsupportedError
 from .settings import active_settings, config
+from . import stages
 from .stages import Dump
 from .stats import counters
 from .variant import STATIC, Variant
@@ -307,7 +308,23 @@ class CompiledBackward:
         _compiled.append((self.capture_id, artifact))
         self._disk_key = None  # nothing to store: it came from there
         self._disk_hit("graph loaded from the disk cache", start)
+        self._show_loaded(module, retraced.symbolic)
         return artifact
+
+    def _show_loaded(self, module, symbolic: bool) -> None:
+        """The debugging switches on a disk hit: `CAMLIR_LOGS=graph` prints the stored `ca`
+        module, and `CAMLIR_LOGS=verbose` / `CAMLIR_DUMP_DIR` get that module as the import
+        stage plus a note that no later stage ran here (they used to go silent)."""
+        if logs.enabled("graph"):
+            logs.log.info("captured backward graph %d (%s; its program came from the disk cache):\n%s",
+                          self.capture_id, "symbolic sizes" if symbolic else "static sizes", module)
+        dump = Dump.for_graph(self.capture_id)
+        if dump.directory or logs.enabled("verbose"):
+            dump("import", module)
+            stages.note(dump, "from-disk-cache",
+                        "its program was loaded from the disk cache, so no later stage ran in this process; "
+                        "CAMLIR_DISK_CACHE=0 (or camlir.config.disk_cache = False) compiles it again and shows "
+                        "every stage")
 
     def _disk_hit(self, reason: str, start: float) -> None:
         counters["disk_cache_hits"] += 1

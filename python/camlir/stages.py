@@ -84,6 +84,17 @@ class Dump:
             self.count += 1
 
 
+def note(dump: Dump, name: str, text: str) -> None:
+    """A sentence where the stages would have gone: logged with `CAMLIR_LOGS=verbose`, and
+    written as `dump.directory/<NN>-<name>.txt` with `CAMLIR_DUMP_DIR`."""
+    if logs.enabled("verbose"):
+        logs.log.info("%s: %s", dump.label, text)
+    if dump.directory:
+        with open(os.path.join(dump.directory, f"{dump.count:02d}-{name}.txt"), "w") as f:
+            f.write(f"{dump.label}: {text}\n")
+        dump.count += 1
+
+
 def run_stage(stage: str, module: ir.Module, passes: list, dump: Dump) -> None:
     """Runs one stage's passes (camlir's and upstream ones alike) and dumps the result."""
     text = "builtin.module(" + ",".join(passes) + ")"

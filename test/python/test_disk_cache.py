@@ -278,3 +278,28 @@ def test_the_vector_width_is_part_of_the_key(tmp_path, monkeypatch):
         disk_cache.flush()  # the store runs on a background thread
         assert camlir.counters["disk_cache_hits"] == hits, (width, dict(camlir.counters))
     camlir.reset()
+
+
+def test_debugging_switches_work_on_a_disk_hit(tmp_path):
+    # issue 31, point 1: on a second process CAMLIR_LOGS=graph printed no module and
+    # CAMLIR_DUMP_DIR wrote nothing when the program came from the disk cache.
+    script = textwrap.dedent("""
+        import torch, camlir
+        torch.manual_seed(0)
+        w = torch.randn(4, 3, requires_grad=True)
+        camlir.compile_backward((w.sin() * 2).sum())
+        camlir.disk_cache.flush()
+        print("disk hits", camlir.counters["disk_cache_hits"])
+    """)
+    env = dict(os.environ, CAMLIR_DISK_CACHE="1", CAMLIR_CACHE_DIR=str(tmp_path / "cache"), CAMLIR_LOGS="graph")
+    runs = []
+    for i in range(2):
+        env["CAMLIR_DUMP_DIR"] = str(tmp_path / f"dump{i}")
+        runs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                   check=True))
+    first, second = runs
+    assert "disk hits 0" in first.stdout and "disk hits 1" in second.stdout, second.stdout + second.stderr
+    assert "captured backward graph 1" in second.stderr and "ca.node" in second.stderr
+    dumped = sorted(p.name for p in (tmp_path / "dump1" / "graph1").iterdir())
+    assert dumped == ["00-import.mlir", "01-from-disk-cache.txt"], dumped
+    assert "CAMLIR_DISK_CACHE=0" in (tmp_path / "dump1" / "graph1" / "01-from-disk-cache.txt").read_text()
