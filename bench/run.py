@@ -225,6 +225,7 @@ def run_group(workload: str, threads: int, variants: list, settings: Settings, l
                     rows[v]["maxrss_mb"] = reply.get("maxrss_mb")
                     rows[v]["counters"] = reply.get("counters", {})
                     rows[v]["notes"] = reply.get("notes", [])
+                    rows[v]["ran"] = reply.get("ran", "-")
                     for key, label in (("interpreted", "INTERPRETED"), ("fallbacks", "FELL BACK")):
                         if rows[v]["counters"].get(key):
                             rows[v]["notes"].insert(0, f"{label}: camlir.counters[{key!r}] = "
@@ -294,9 +295,9 @@ def _cell(row, key, fmt):
 
 
 def table(rows: list) -> str:
-    lines = ["| workload | threads | variant | median backward ms | ratio to eager | "
+    lines = ["| workload | threads | variant | ran | median backward ms | ratio to eager | "
              "first backward s | peak RSS MB | correct | iters | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         notes = list(row.get("notes") or [])
         if row.get("error"):
@@ -305,7 +306,7 @@ def table(rows: list) -> str:
         if len(note) > 300:
             note = note[:297] + "..."
         ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}x"
-        lines.append(f"| {row['workload']} | {row['threads']} | {row['variant']} | "
+        lines.append(f"| {row['workload']} | {row['threads']} | {row['variant']} | {row.get('ran', '-')} | "
                      f"{_cell(row, 'median_ms', '.3f')} | {ratio} | {_cell(row, 'first_s', '.2f')} | "
                      f"{_cell(row, 'maxrss_mb', '.0f')} | {row.get('correct', '-')} | "
                      f"{row.get('iters', 0)} | {note} |")
@@ -345,7 +346,7 @@ def parse_args(argv):
     parser.add_argument("--threads", default="1,2", help="torch.set_num_threads values (default 1,2)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="eager, eager_tuned (eager with camlir's malloc tuning), eager_after_camlir (eager in a process "
-                             "where camlir compiled the workload once), eager_after_ca (the same after PyTorch's compiled autograd captured it, with no compiler), ca_inductor, camlir_<backend> "
+                             "where camlir compiled the workload once), eager_after_ca (the same after PyTorch's compiled autograd captured it, with no compiler), ca_eager (PyTorch's compiled autograd replaying its graph op by op), ca_inductor, camlir_<backend> "
                         "(default: %(default)s)")
     parser.add_argument("--baseline", help="a git revision: adds camlir_cpu@REV, camlir as committed at REV, "
                         "run side by side with the checkout (for before/after measurements)")
@@ -371,10 +372,11 @@ def parse_args(argv):
     if args.baseline:
         args.variants.append(f"camlir_cpu@{args.baseline}")
     bad = [v for v in args.variants
-           if v not in ("eager", "eager_tuned", "eager_after_camlir", "eager_after_ca", "ca_inductor")
+           if v not in ("eager", "eager_tuned", "eager_after_camlir", "eager_after_ca", "ca_eager", "ca_inductor")
            and not v.startswith("camlir_")]
     if bad:
-        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, eager_after_camlir, eager_after_ca, ca_inductor, "
+        parser.error(f"unknown variant(s) {bad}; use eager, eager_tuned, eager_after_camlir, eager_after_ca, ca_eager, "
+                     f"ca_inductor, "
                      f"camlir_<backend>")
     return args
 

@@ -105,6 +105,16 @@ class Variant:
                 return contextlib.nullcontext()
 
             self.context = context
+        elif name == "ca_eager":
+            # PyTorch's compiled autograd replaying its captured graph op by op through torch
+            # (the compiler returns the GraphModule): the floor its runtime sets, with no
+            # compiler at all. One compiler object: a new one per backward costs 2-3x eager.
+            from torch._dynamo import compiled_autograd
+
+            def replay(gm):
+                return gm
+
+            self.context = lambda: compiled_autograd._enable(replay)
         elif name == "ca_inductor":
             from torch._dynamo import compiled_autograd
 
@@ -160,6 +170,7 @@ class Worker:
         self.workload = workloads.build(request["workload"])
         self.not_served = 0
         self.steps = 0
+        self.routed = 0  # timed camlir backwards that ran on the eager engine (the choice stepped aside)
 
     def _with_camlir_info(self, fn):
         """Runs fn with camlir's logger at INFO, so its notes are collected, then restores it."""
@@ -230,7 +241,11 @@ class Worker:
 
     def step(self) -> dict:
         loss = self._loss()
+        counters = self.variant.camlir.counters if self.variant.camlir is not None else None
+        before = counters.get("eager_runs", 0) if counters is not None else 0
         ns = self._backward(loss)
+        if counters is not None and counters.get("eager_runs", 0) > before:
+            self.routed += 1
         self.steps += 1
         return {"ns": ns}
 
@@ -248,7 +263,11 @@ class Worker:
                 pass
         if self.not_served:
             notes.insert(0, f"{self.not_served} backward calls were not run by camlir")
-        return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes}
+        ran = "-"
+        if self.variant.camlir is not None and self.steps:
+            ran = ("compiled" if not self.routed else "eager engine" if self.routed == self.steps
+                   else f"mixed: {self.steps - self.routed}/{self.steps} compiled")
+        return {"maxrss_mb": _maxrss_mb(), "counters": counters, "notes": notes, "ran": ran}
 
 
 def camlir_warmup() -> int:

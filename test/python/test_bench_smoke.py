@@ -1,5 +1,5 @@
 """Smoke tests of the benchmark harness (bench/) on W1: bench.run --quick (eager, eager_tuned,
-eager_after_camlir, camlir_cpu), compile time, memory, page faults."""
+eager_after_camlir, ca_eager, camlir_cpu), compile time, memory, page faults."""
 
 import math
 import os
@@ -15,9 +15,9 @@ def test_bench_quick_w1(tmp_path):
 
     out = tmp_path / "bench.md"
     rows = run.main(["--workloads", "W1", "--threads", "1", "--quick",
-                     "--variants", "eager,eager_tuned,eager_after_camlir,camlir_cpu", "--out", str(out)])
+                     "--variants", "eager,eager_tuned,eager_after_camlir,ca_eager,camlir_cpu", "--out", str(out)])
     by_variant = {row["variant"]: row for row in rows}
-    assert set(by_variant) == {"eager", "eager_tuned", "eager_after_camlir", "camlir_cpu"}
+    assert set(by_variant) == {"eager", "eager_tuned", "eager_after_camlir", "ca_eager", "camlir_cpu"}
     for variant, row in by_variant.items():
         assert row["error"] is None, (variant, row["error"])
         assert row["correct"] == "ok", (variant, row["correct"])
@@ -29,8 +29,10 @@ def test_bench_quick_w1(tmp_path):
     # eager_after_camlir compiled its first backward with camlir (a compile takes time and
     # memory), then timed the plain engine.
     assert by_variant["eager_after_camlir"]["first_s"] > 10 * by_variant["eager"]["first_s"]
+    # What ran camlir's timed backwards: with --quick no choice has decided, so its program.
+    assert by_variant["camlir_cpu"]["ran"] == "compiled" and by_variant["eager"]["ran"] == "-"
     text = out.read_text()
-    assert "| W1 | 1 | camlir_cpu |" in text and "python -m bench.run" in text
+    assert "| W1 | 1 | camlir_cpu | compiled |" in text and "python -m bench.run" in text
 
 
 def test_compile_time_w1():
