@@ -67,7 +67,8 @@ _WIDTH = []  # the vector width, once known (the CPU does not change under a pro
 def vector_width() -> int:
     """f32 lanes per vector of the loops stage: 16 where the CPU has AVX-512 (the JIT
     compiles for this host, so `vector<16xf32>` is one zmm register), else 8 (AVX2's ymm).
-    `CAMLIR_VECTOR_WIDTH` (8 or 16) overrides it. Measured on the 2-core AVX-512 Xeon, 4 x
+    `CAMLIR_VECTOR_WIDTH` (8 or 16) overrides it; a kernel module with f64 values always
+    takes 8 (`compiler.loops_and_llvm` says why). Measured on the 2-core AVX-512 Xeon, 4 x
     (mul, GELU) backward on 64 x 1024: 8 lanes 1.32-1.41x eager, 16 lanes 1.21-1.28x."""
     forced = environment.integer("CAMLIR_VECTOR_WIDTH")
     if forced is not None:
