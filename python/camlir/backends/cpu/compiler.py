@@ -38,6 +38,8 @@ the shape function computes).
 The stages from layouts on run in a thread of their own (`CpuBackend.apart_from`).
 """
 
+import re
+
 from torch_mlir import ir
 
 from camlir import logs
@@ -125,6 +127,9 @@ _VECTOR_LOOPS = [
 ]
 
 
+_F64_BUFFER = re.compile(r"memref<[^>]*f64")  # an f64 buffer (a scalar f64 constant does not count)
+
+
 def vector_loops(width: int = 0) -> list:
     """The loops stage's passes with `width` lanes (default: `jit.vector_width()`; a module
     with f64 values takes 8, `loops_and_llvm`)."""
@@ -170,7 +175,7 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     # 16 lanes only where no f64 value is vectorized: 16 x f64 (two zmm registers a vector)
     # gave wrong gradients in the depthwise window loops of a float64 convolution (kernel 5,
     # stride 2, 8 positions: test_depthwise_conv.py); 8 x f64 is one zmm register anyway.
-    width = 8 if "f64" in text else jit.vector_width()
+    width = 8 if _F64_BUFFER.search(text) else jit.vector_width()
     try:
         run_stage("loops", trial, vector_loops(width), dump)
         _no_bool_vectors(trial)
