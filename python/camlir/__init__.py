@@ -34,7 +34,7 @@ if "torch" in sys.modules:  # DDP modules built after `import camlir` can then c
     _ddp.install()
 
 
-_SUBMODULES = ("repro",)  # `camlir.repro.keep_inputs = True` works without importing it first
+_SUBMODULES = ("repro", "backend_registry")  # `camlir.repro.keep_inputs = True` works without importing it first
 
 
 def __dir__():
