@@ -12,6 +12,7 @@ Everything goes through Python `logging` (logger `camlir`), so applications can 
 when a kind is switched on and the logger has no handler, one printing to stderr is added.
 """
 
+import difflib
 import logging
 import sys
 
@@ -56,12 +57,17 @@ def enabled(kind: str) -> bool:
 
 def set_from_environment() -> None:
     """Applies `CAMLIR_LOGS` (or its old name `CA_LOGS`; run once, when this module is
-    imported). A bad value is logged as a warning and ignored, rather than making `import
-    camlir` fail."""
-    spec = environment.text("CAMLIR_LOGS")
-    try:
-        set_logs(spec)
-    except ValueError as exc:
-        log.warning("ignoring %s=%r: %s", environment.source("CAMLIR_LOGS"), spec, exc)
+    imported). An unknown kind is warned about and skipped, the others still apply (as
+    `TORCH_LOGS` does: `CAMLIR_LOGS=grpah,recompiles` used to drop `recompiles` too), rather
+    than making `import camlir` fail."""
+    spec = environment.text("CAMLIR_LOGS") or ""
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    set_logs([k for k in kinds if k in KINDS])
+    if unknown:
+        close = {k: difflib.get_close_matches(k, KINDS, n=1) for k in unknown}
+        hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+        log.warning("%s: skipping unknown kind(s) %s; known: %s", environment.source("CAMLIR_LOGS"), hints,
+                    ", ".join(KINDS))
 
 set_from_environment()

@@ -209,3 +209,17 @@ def test_docs_page_is_generated_from_the_table():
     assert environment.markdown_table() in text
     page = PACKAGE.parent.parent / "docs" / "environment.md"
     assert page.read_text(encoding="utf-8") == text, "run python -m camlir.tools.gen_docs"
+
+
+def test_an_unknown_log_kind_is_skipped_and_the_others_apply():
+    # issue 31, point 6: one bad kind (`grpah`) discarded the whole setting.
+    import os
+    import subprocess
+    import sys
+
+    script = "import camlir.logs as l; print(sorted(l._enabled))"
+    env = dict(os.environ, CAMLIR_LOGS="grpah,recompiles")
+    env.pop("CA_LOGS", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['recompiles']", done.stdout + done.stderr
+    assert "skipping unknown kind(s) 'grpah' (did you mean 'graph'?)" in done.stderr, done.stderr
