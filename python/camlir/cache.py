@@ -272,7 +272,7 @@ class SizeVariants:
 
     `build(variant, args, hooks, interpret_on_failure) -> (program, hook_guard)` is the
     driver's (`CompiledBackward.build`): it runs the backend's stages for a
-    `pipeline.Variant` and applies the one fallback policy (with `interpret_on_failure`
+    `variant.Variant` and applies the one fallback policy (with `interpret_on_failure`
     False it raises instead, and this class specializes). Every compile goes through
     `compiling(what, reason, old, new, make) -> make()`, the driver's gate, which counts,
     times, records and limits it (it raises `RecompileLimitReached`, which passes through).
@@ -362,7 +362,7 @@ class SizeVariants:
         on every size set is compiled with its sizes as constants."""
         from camlir import logs
 
-        self.runtime_sizes_error = f"it refused sizes {self.last_sizes}: {reason}"
+        self.runtime_sizes_error = f"it refused a call: {reason}"
         self.runtime_sized = None
         logs.log.warning("camlir: the dynamic-size program of this graph refused a call (%s); each size set is "
                          "compiled with its sizes as constants from now on", reason)

@@ -99,8 +99,7 @@ def compile(backend, module: ir.Module, args: list, hooks, dump: Dump, variant: 
     stages = list(backend.stages(variant))
     names = [s.name for s in stages]
     split_at = names.index(backend.apart_from) if backend.apart_from in names else len(stages)
-    with module.context, ir.Location.unknown():
-        _run(stages[:split_at], work)
+    _run(stages[:split_at], work)
     if split_at < len(stages):
         run_apart(_run, stages[split_at:], work)
     logs.log.debug("%s: %s program built in %.3f s", dump.label, backend.name, work.seconds())
@@ -108,6 +107,7 @@ def compile(backend, module: ir.Module, args: list, hooks, dump: Dump, variant: 
 
 
 def _run(stages: list, work: Work) -> None:
+    """`stages` in order, in the captured module's MLIR context (entered per thread)."""
     with work.captured.context, ir.Location.unknown():
         for stage in stages:
             stage.run(work)
