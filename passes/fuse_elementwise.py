@@ -42,22 +42,29 @@ class FuseElementwise(CAPass):
        accumulating into "the same" zero tensor and bufferization has to copy it. Each
        consumer gets its own fill (a fill costs nothing extra: it is fused into `beta = 0`
        of the BLAS call later).
-    2. Upstream `linalg-fuse-elementwise-ops`, which fuses a producer into its consumer only
+    2. Recompute cheap producers: an elementwise generic of a few adds, multiplies,
+       compares and selects whose users are all generics gets one copy per user, where
+       that moves fewer bytes than writing it out and reading it back: with `k` full-size
+       inputs and `m` users, when `k * m <= k + 1 + m` (read `k` in each user, against read
+       `k`, write 1, read it `m` times). A batch norm's `x - mean` (k = 1) feeding its
+       two reductions and its output then costs no tensor of its own: the CNN's batch-norm
+       backward kernel wrote and re-read two 2 MB temporaries (docs/speed.md).
+    3. Upstream `linalg-fuse-elementwise-ops`, which fuses a producer into its consumer only
        when the consumer is the producer's single user: an expensive producer (GELU's
        backward: exp and erf) is never recomputed for several consumers, and no value is
        kept alive longer than eager PyTorch would keep it. Broadcasts (`expand`) and the
        math of inlined hooks are generics too, so they fuse the same way.
-    3. Scalar epilogues into matmuls: `x * c` applied to the only use of a matmul that
+    4. Scalar epilogues into matmuls: `x * c` applied to the only use of a matmul that
        starts from zero becomes the matmul's `ca.alpha` attribute (the BLAS `alpha`). This
        is how a hook such as `lambda g: g * 0.5` on a weight costs nothing: eager pays a
        full pass over the gradient for it.
-    4. Transposes into matmuls: a `linalg.transpose` feeding a matmul operand becomes a
+    5. Transposes into matmuls: a `linalg.transpose` feeding a matmul operand becomes a
        transposed indexing map on the matmul; BLAS reads the operand with the transpose
        flag, as eager PyTorch does, instead of copying it. So does a transpose of more dims
        that a `collapse_shape` makes 2-D, where it swaps two runs of dims (a weight
        gradient's `t(view(g))` of a 3-D `g`): the matmul reads `g` regrouped. A
        `batch_matmul` operand transposed in its last two dims (a bmm's backward) likewise.
-    5. Canonicalize, which drops the transposes step 4 left without users.
+    6. Canonicalize, which drops the transposes step 5 left without users.
 
     Before:
     ```mlir
@@ -79,12 +86,15 @@ class FuseElementwise(CAPass):
     summary = "Fuse elementwise producers, broadcasts and scalar epilogues in ca.kernel functions"
 
     epilogues: bool = True
+    recompute: bool = True
 
     def run(self, module: ir.Operation) -> None:
         if not _kernels(module):
             return
         with module.context, ir.Location.unknown():
             _unshare_inits(module)
+            if self.recompute:
+                recompute_cheap_producers(module)
             hidden = _hide_contractions(module)
             _run(module, "builtin.module(func.func(linalg-fuse-elementwise-ops),canonicalize,cse)")
             _restore_contractions(module, hidden)
@@ -148,6 +158,69 @@ def _kernels(module: ir.Operation) -> list:
 
 def _run(module: ir.Operation, pipeline: str) -> None:
     PassManager.parse(pipeline, module.context).run(module)
+
+
+# Body ops cheap enough to compute again in each user: a cycle or two per element, no
+# division, no transcendental (those stay materialized: see step 3 of FuseElementwise).
+_CHEAP = frozenset({
+    "arith.addf", "arith.subf", "arith.mulf", "arith.negf", "arith.cmpf", "arith.select",
+    "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf", "arith.extf",
+    "arith.truncf", "arith.addi", "arith.subi", "arith.muli", "arith.cmpi", "arith.andi",
+    "arith.ori", "arith.xori", "arith.constant", "arith.uitofp", "arith.sitofp", "linalg.yield"})
+_MAX_CHEAP_OPS = 6
+
+
+def recompute_cheap_producers(module: ir.Operation) -> int:
+    """Step 2 of `FuseElementwise`: gives each user of a cheap elementwise generic its own
+    copy where that moves fewer bytes (see the class docstring). Returns how many copies
+    were made. Users come before producers (the walk goes backwards), so a chain such as
+    `le` -> `where` is copied whole: each copy of `where` is a new user of `le`."""
+    made = 0
+    for fn in _kernels(module):
+        for g in reversed(ops_named(fn, "linalg.generic")):
+            users = _recomputable_users(g)
+            if users is None:
+                continue
+            for use in users[1:]:
+                with ir.InsertionPoint(use.owner):
+                    clone = g.clone()
+                use.owner.operands[use.operand_number] = clone.results[0]
+                made += 1
+    return made
+
+
+def _recomputable_users(g: ir.Operation):
+    """The uses of `g`'s result, when each may get a copy of `g`; else None."""
+    if len(g.results) != 1 or len(g.regions[0].blocks) != 1:
+        return None
+    if any(not _parallel(t) for t in ir.ArrayAttr(g.attributes["iterator_types"])):
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(g.attributes["indexing_maps"])]
+    n_in = len(g.operands) - 1
+    out_type = ir.RankedTensorType(g.results[0].type)
+    if not out_type.has_static_shape or str(maps[-1]) != str(ir.AffineMap.get_identity(out_type.rank)):
+        return None
+    body = [op.operation for op in g.regions[0].blocks[0].operations]
+    if len(body) > _MAX_CHEAP_OPS or any(op.name not in _CHEAP for op in body):
+        return None
+    uses = list(g.results[0].uses)
+    m = len(uses)
+    if m < 2:
+        return None
+    for use in uses:
+        owner = use.owner
+        if owner.name != "linalg.generic" or use.operand_number >= len(owner.operands) - len(owner.results):
+            return None  # a return, a matmul, or the init (outs) of a generic: keep the tensor
+    full = sum(1 for i in range(n_in)
+               if isinstance(g.operands[i].type, ir.RankedTensorType)
+               and ir.RankedTensorType(g.operands[i].type).shape == out_type.shape)
+    if full * m > full + 1 + m:
+        return None
+    return uses
+
+
+def _parallel(t) -> bool:
+    return str(t) in ('"parallel"', "#linalg.iterator_type<parallel>")
 
 
 def _unshare_inits(module: ir.Operation) -> None:

@@ -1,5 +1,6 @@
 // RUN: ca-opt %s --split-input-file --ca-fuse-elementwise | FileCheck %s
 // RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{epilogues=false})' | FileCheck %s --check-prefix=NOEPI
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{recompute=false})' | FileCheck %s --check-prefix=KEEP
 
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #scalar = affine_map<(d0, d1) -> ()>
@@ -209,4 +210,93 @@ func.func private @strided_transpose_operand(%x: tensor<3x4x2x5xf32>, %y: tensor
   %f = linalg.fill ins(%zero : f32) outs(%e2 : tensor<15x6xf32>) -> tensor<15x6xf32>
   %mm = linalg.matmul ins(%c, %y : tensor<15x8xf32>, tensor<8x6xf32>) outs(%f : tensor<15x6xf32>) -> tensor<15x6xf32>
   return %mm : tensor<15x6xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#col = affine_map<(d0, d1) -> (d1)>
+// A cheap producer with one full-size input (a batch norm's `x - mean`) read by a reduction
+// and by an elementwise user: each user computes it again, and no 8x4 tensor of its own
+// is left (reading `x` in each user moves fewer bytes than writing the difference out).
+// CHECK-LABEL: func.func private @cheap_producer_recomputed
+// CHECK: linalg.generic
+// CHECK-SAME: iterator_types = ["parallel", "reduction"]
+// CHECK-SAME: ins(%{{.*}}, %{{.*}} : tensor<8x4xf32>, tensor<4xf32>)
+// CHECK: arith.subf
+// CHECK: arith.addf
+// CHECK: linalg.generic
+// CHECK-SAME: ins(%{{.*}}, %{{.*}}, %{{.*}} : tensor<8x4xf32>, tensor<4xf32>, tensor<8x4xf32>)
+// CHECK: arith.subf
+// CHECK: arith.mulf
+// CHECK-NOT: linalg.generic
+// CHECK: return
+// NOEPI-LABEL: func.func private @cheap_producer_recomputed
+// Without recomputing, the difference is one tensor that both users read.
+// KEEP-LABEL: func.func private @cheap_producer_recomputed
+// KEEP: %[[D:.*]] = linalg.generic
+// KEEP: arith.subf
+// KEEP: linalg.generic
+// KEEP-SAME: ins(%[[D]] : tensor<8x4xf32>)
+// KEEP: linalg.generic
+// KEEP-SAME: ins(%[[D]], %{{.*}} : tensor<8x4xf32>, tensor<8x4xf32>)
+func.func private @cheap_producer_recomputed(%x: tensor<8x4xf32>, %mean: tensor<4xf32>, %y: tensor<8x4xf32>) -> (tensor<8xf32>, tensor<8x4xf32>) attributes {ca.kernel} {
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x4xf32>
+  %d = linalg.generic {indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]} ins(%x, %mean : tensor<8x4xf32>, tensor<4xf32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %m: f32, %out: f32):
+    %0 = arith.subf %in, %m : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  %e1 = tensor.empty() : tensor<8xf32>
+  %z = linalg.fill ins(%c0 : f32) outs(%e1 : tensor<8xf32>) -> tensor<8xf32>
+  %s = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]} ins(%d : tensor<8x4xf32>) outs(%z : tensor<8xf32>) {
+  ^bb0(%in: f32, %acc: f32):
+    %0 = arith.addf %in, %acc : f32
+    linalg.yield %0 : f32
+  } -> tensor<8xf32>
+  %e2 = tensor.empty() : tensor<8x4xf32>
+  %p = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%d, %y : tensor<8x4xf32>, tensor<8x4xf32>) outs(%e2 : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %out: f32):
+    %0 = arith.mulf %in, %in_1 : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  return %s, %p : tensor<8xf32>, tensor<8x4xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+// An expensive producer (an exp) with two users stays one tensor, computed once.
+// CHECK-LABEL: func.func private @expensive_producer_kept
+// CHECK: linalg.generic
+// CHECK: math.exp
+// CHECK: linalg.generic
+// CHECK-NOT: math.exp
+// CHECK: arith.mulf
+// CHECK: linalg.generic
+// CHECK-NOT: math.exp
+// CHECK: arith.addf
+// NOEPI-LABEL: func.func private @expensive_producer_kept
+func.func private @expensive_producer_kept(%x: tensor<8x4xf32>, %y: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xf32>) attributes {ca.kernel} {
+  %e = tensor.empty() : tensor<8x4xf32>
+  %d = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]} ins(%x : tensor<8x4xf32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = math.exp %in : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  %e1 = tensor.empty() : tensor<8x4xf32>
+  %p = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%d, %y : tensor<8x4xf32>, tensor<8x4xf32>) outs(%e1 : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %out: f32):
+    %0 = arith.mulf %in, %in_1 : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  %e2 = tensor.empty() : tensor<8x4xf32>
+  %q = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%d, %y : tensor<8x4xf32>, tensor<8x4xf32>) outs(%e2 : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %out: f32):
+    %0 = arith.addf %in, %in_1 : f32
+    linalg.yield %0 : f32
+  } -> tensor<8x4xf32>
+  return %p, %q : tensor<8x4xf32>, tensor<8x4xf32>
 }
