@@ -9,6 +9,7 @@ from torch_mlir.passmanager import PassManager
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_matching, ops_named
 
 from .base import CAPass
+from .sibling_loops import merge_siblings
 
 # Ops that become one loop nest (or one library call) each: what "kernel count" counts.
 STRUCTURED = ("linalg.generic", "linalg.matmul", "linalg.batch_matmul", "linalg.transpose",
@@ -54,17 +55,20 @@ class FuseElementwise(CAPass):
        backward: exp and erf) is never recomputed for several consumers, and no value is
        kept alive longer than eager PyTorch would keep it. Broadcasts (`expand`) and the
        math of inlined hooks are generics too, so they fuse the same way.
-    4. Scalar epilogues into matmuls: `x * c` applied to the only use of a matmul that
+    4. Sibling loops (`sibling_loops.py`): two independent generics over the same loops that
+       read a common tensor become one generic with both results, so a batch norm's two
+       reductions over (N, H, W) read their inputs once.
+    5. Scalar epilogues into matmuls: `x * c` applied to the only use of a matmul that
        starts from zero becomes the matmul's `ca.alpha` attribute (the BLAS `alpha`). This
        is how a hook such as `lambda g: g * 0.5` on a weight costs nothing: eager pays a
        full pass over the gradient for it.
-    5. Transposes into matmuls: a `linalg.transpose` feeding a matmul operand becomes a
+    6. Transposes into matmuls: a `linalg.transpose` feeding a matmul operand becomes a
        transposed indexing map on the matmul; BLAS reads the operand with the transpose
        flag, as eager PyTorch does, instead of copying it. So does a transpose of more dims
        that a `collapse_shape` makes 2-D, where it swaps two runs of dims (a weight
        gradient's `t(view(g))` of a 3-D `g`): the matmul reads `g` regrouped. A
        `batch_matmul` operand transposed in its last two dims (a bmm's backward) likewise.
-    6. Canonicalize, which drops the transposes step 5 left without users.
+    7. Canonicalize, which drops the transposes step 6 left without users.
 
     Before:
     ```mlir
@@ -87,6 +91,7 @@ class FuseElementwise(CAPass):
 
     epilogues: bool = True
     recompute: bool = True
+    siblings: bool = True
 
     def run(self, module: ir.Operation) -> None:
         if not _kernels(module):
@@ -98,6 +103,9 @@ class FuseElementwise(CAPass):
             hidden = _hide_contractions(module)
             _run(module, "builtin.module(func.func(linalg-fuse-elementwise-ops),canonicalize,cse)")
             _restore_contractions(module, hidden)
+            if self.siblings:
+                for fn in _kernels(module):
+                    merge_siblings(fn)
             fold_transposes(module)
             if self.epilogues:
                 while _fold_scalar_epilogue(module):

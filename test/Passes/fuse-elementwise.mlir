@@ -1,6 +1,7 @@
 // RUN: ca-opt %s --split-input-file --ca-fuse-elementwise | FileCheck %s
 // RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{epilogues=false})' | FileCheck %s --check-prefix=NOEPI
 // RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{recompute=false})' | FileCheck %s --check-prefix=KEEP
+// RUN: ca-opt %s --split-input-file --pass-pipeline='builtin.module(ca-fuse-elementwise{siblings=false})' | FileCheck %s --check-prefix=APART
 
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #scalar = affine_map<(d0, d1) -> ()>
@@ -268,16 +269,19 @@ func.func private @cheap_producer_recomputed(%x: tensor<8x4xf32>, %mean: tensor<
 // -----
 
 #id = affine_map<(d0, d1) -> (d0, d1)>
-// An expensive producer (an exp) with two users stays one tensor, computed once.
+// An expensive producer (an exp) with two users stays one tensor, computed once; its two
+// users, siblings over the same loops reading it, become one loop with two results.
 // CHECK-LABEL: func.func private @expensive_producer_kept
-// CHECK: linalg.generic
+// CHECK: %[[E:.*]] = linalg.generic
 // CHECK: math.exp
 // CHECK: linalg.generic
+// CHECK-SAME: ins(%[[E]], %{{.*}} : tensor<8x4xf32>, tensor<8x4xf32>)
 // CHECK-NOT: math.exp
 // CHECK: arith.mulf
-// CHECK: linalg.generic
-// CHECK-NOT: math.exp
-// CHECK: arith.addf
+// CHECK-NEXT: arith.addf
+// CHECK-NEXT: linalg.yield
+// CHECK-NOT: linalg.generic
+// CHECK: return
 // NOEPI-LABEL: func.func private @expensive_producer_kept
 func.func private @expensive_producer_kept(%x: tensor<8x4xf32>, %y: tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xf32>) attributes {ca.kernel} {
   %e = tensor.empty() : tensor<8x4xf32>
@@ -299,4 +303,80 @@ func.func private @expensive_producer_kept(%x: tensor<8x4xf32>, %y: tensor<8x4xf
     linalg.yield %0 : f32
   } -> tensor<8x4xf32>
   return %p, %q : tensor<8x4xf32>, tensor<8x4xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+// A batch norm's two reductions over the batch dim, `sum(g)` and `sum(g * x)`: one loop
+// reads `g` and `x` once and feeds both accumulators, each with its own body.
+// CHECK-LABEL: func.func private @sibling_reductions
+// CHECK: %[[R:.*]]:2 = linalg.generic
+// CHECK-SAME: iterator_types = ["reduction", "parallel"]
+// CHECK-SAME: ins(%arg0, %arg1 : tensor<8x4xf32>, tensor<8x4xf32>)
+// CHECK-SAME: outs(%{{.*}}, %{{.*}} : tensor<4xf32>, tensor<4xf32>)
+// CHECK: arith.addf
+// CHECK: arith.mulf
+// CHECK: arith.addf
+// CHECK: linalg.yield
+// CHECK-NOT: linalg.generic
+// CHECK: return %[[R]]#0, %[[R]]#1
+// NOEPI-LABEL: func.func private @sibling_reductions
+// KEEP-LABEL: func.func private @sibling_reductions
+// APART-LABEL: func.func private @sibling_reductions
+// APART: linalg.generic
+// APART-SAME: ins(%arg0 : tensor<8x4xf32>)
+// APART: linalg.generic
+// APART-SAME: ins(%arg0, %arg1 : tensor<8x4xf32>, tensor<8x4xf32>)
+func.func private @sibling_reductions(%g: tensor<8x4xf32>, %x: tensor<8x4xf32>) -> (tensor<4xf32>, tensor<4xf32>) attributes {ca.kernel} {
+  %c0 = arith.constant 0.0 : f32
+  %e0 = tensor.empty() : tensor<4xf32>
+  %z0 = linalg.fill ins(%c0 : f32) outs(%e0 : tensor<4xf32>) -> tensor<4xf32>
+  %s = linalg.generic {indexing_maps = [#id, #col], iterator_types = ["reduction", "parallel"]} ins(%g : tensor<8x4xf32>) outs(%z0 : tensor<4xf32>) {
+  ^bb0(%in: f32, %acc: f32):
+    %0 = arith.addf %in, %acc : f32
+    linalg.yield %0 : f32
+  } -> tensor<4xf32>
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z1 = linalg.fill ins(%c0 : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %t = linalg.generic {indexing_maps = [#id, #id, #col], iterator_types = ["reduction", "parallel"]} ins(%g, %x : tensor<8x4xf32>, tensor<8x4xf32>) outs(%z1 : tensor<4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %acc: f32):
+    %0 = arith.mulf %in, %in_1 : f32
+    %1 = arith.addf %0, %acc : f32
+    linalg.yield %1 : f32
+  } -> tensor<4xf32>
+  return %s, %t : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+// The second reduction reads the first one's result: not siblings, two loops.
+// CHECK-LABEL: func.func private @dependent_reductions_apart
+// CHECK: %[[S:.*]] = linalg.generic
+// CHECK: linalg.generic
+// CHECK-SAME: ins(%arg0, %[[S]] : tensor<8x4xf32>, tensor<4xf32>)
+// NOEPI-LABEL: func.func private @dependent_reductions_apart
+// KEEP-LABEL: func.func private @dependent_reductions_apart
+// APART-LABEL: func.func private @dependent_reductions_apart
+func.func private @dependent_reductions_apart(%g: tensor<8x4xf32>) -> tensor<4xf32> attributes {ca.kernel} {
+  %c0 = arith.constant 0.0 : f32
+  %e0 = tensor.empty() : tensor<4xf32>
+  %z0 = linalg.fill ins(%c0 : f32) outs(%e0 : tensor<4xf32>) -> tensor<4xf32>
+  %s = linalg.generic {indexing_maps = [#id, #col], iterator_types = ["reduction", "parallel"]} ins(%g : tensor<8x4xf32>) outs(%z0 : tensor<4xf32>) {
+  ^bb0(%in: f32, %acc: f32):
+    %0 = arith.addf %in, %acc : f32
+    linalg.yield %0 : f32
+  } -> tensor<4xf32>
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z1 = linalg.fill ins(%c0 : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %t = linalg.generic {indexing_maps = [#id, #col, #col], iterator_types = ["reduction", "parallel"]} ins(%g, %s : tensor<8x4xf32>, tensor<4xf32>) outs(%z1 : tensor<4xf32>) {
+  ^bb0(%in: f32, %m: f32, %acc: f32):
+    %0 = arith.subf %in, %m : f32
+    %1 = arith.addf %0, %acc : f32
+    linalg.yield %1 : f32
+  } -> tensor<4xf32>
+  return %t : tensor<4xf32>
 }
