@@ -114,12 +114,31 @@ def _siblings(first, second, ops) -> bool:
     # The merged op takes `second`'s place: `first`'s results may have no user before it,
     # and `second` may not depend on `first` through the ops between them.
     between = set(ops[lo + 1:hi])
+    top_level = set(ops)
     for result in first.results:
         for use in result.uses:
-            owner = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+            owner = _top_level(use.owner, top_level)  # a use inside a region counts for its op
             if owner in between or owner == second:
                 return False
     return not _depends_on(second, first, between)
+
+
+def _top_level(op, top_level: set) -> ir.Operation:
+    op = op.operation if isinstance(op, ir.OpView) else op
+    while op not in top_level and op.parent is not None:
+        op = op.parent.operation if isinstance(op.parent, ir.OpView) else op.parent
+    return op
+
+
+def _operands_within(op: ir.Operation) -> list:
+    """The operands of `op` and of every op nested in its regions (a generic's body may read
+    a value from outside, e.g. `tensor.extract` of another op's result)."""
+    found = list(op.operands)
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                found.extend(_operands_within(inner.operation))
+    return found
 
 
 def _depends_on(op, target, between) -> bool:
@@ -128,7 +147,7 @@ def _depends_on(op, target, between) -> bool:
     stack = [op]
     while stack:
         current = stack.pop()
-        for value in current.operands:
+        for value in _operands_within(current):
             owner = value.owner
             if not isinstance(owner, ir.OpView):
                 continue

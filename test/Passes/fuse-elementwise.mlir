@@ -380,3 +380,46 @@ func.func private @dependent_reductions_apart(%g: tensor<8x4xf32>) -> tensor<4xf
   } -> tensor<4xf32>
   return %t : tensor<4xf32>
 }
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+// The first reduction's result is read inside the body of a loop between the two siblings
+// (a `tensor.extract`): the merged loop would come after that use, so they stay apart.
+// CHECK-LABEL: func.func private @sibling_used_in_a_body_between
+// CHECK: %[[S:.*]] = linalg.generic
+// CHECK: linalg.generic
+// CHECK: tensor.extract %[[S]]
+// CHECK: linalg.generic
+// CHECK-SAME: ins(%arg0, %arg1 : tensor<8x4xf32>, tensor<8x4xf32>)
+// NOEPI-LABEL: func.func private @sibling_used_in_a_body_between
+// KEEP-LABEL: func.func private @sibling_used_in_a_body_between
+// APART-LABEL: func.func private @sibling_used_in_a_body_between
+func.func private @sibling_used_in_a_body_between(%g: tensor<8x4xf32>, %x: tensor<8x4xf32>, %y: tensor<3xf32>) -> (tensor<4xf32>, tensor<3xf32>, tensor<4xf32>) attributes {ca.kernel} {
+  %c0 = arith.constant 0.0 : f32
+  %i0 = arith.constant 0 : index
+  %e0 = tensor.empty() : tensor<4xf32>
+  %z0 = linalg.fill ins(%c0 : f32) outs(%e0 : tensor<4xf32>) -> tensor<4xf32>
+  %s = linalg.generic {indexing_maps = [#id, #col], iterator_types = ["reduction", "parallel"]} ins(%g : tensor<8x4xf32>) outs(%z0 : tensor<4xf32>) {
+  ^bb0(%in: f32, %acc: f32):
+    %0 = arith.addf %in, %acc : f32
+    linalg.yield %0 : f32
+  } -> tensor<4xf32>
+  %e2 = tensor.empty() : tensor<3xf32>
+  %u = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%y : tensor<3xf32>) outs(%e2 : tensor<3xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %0 = tensor.extract %s[%i0] : tensor<4xf32>
+    %1 = arith.mulf %in, %0 : f32
+    linalg.yield %1 : f32
+  } -> tensor<3xf32>
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z1 = linalg.fill ins(%c0 : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %t = linalg.generic {indexing_maps = [#id, #id, #col], iterator_types = ["reduction", "parallel"]} ins(%g, %x : tensor<8x4xf32>, tensor<8x4xf32>) outs(%z1 : tensor<4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %acc: f32):
+    %0 = arith.mulf %in, %in_1 : f32
+    %1 = arith.addf %0, %acc : f32
+    linalg.yield %1 : f32
+  } -> tensor<4xf32>
+  return %s, %u, %t : tensor<4xf32>, tensor<3xf32>, tensor<4xf32>
+}
