@@ -280,8 +280,7 @@ def _epilogue_of_matmul(g: ir.Operation):
     """(matmul, c) when `g` computes `matmul_result * c` elementwise and is its only user."""
     if len(g.results) != 1 or len(g.operands) != 2:
         return None
-    if any(str(t) != '"parallel"' and str(t) != "#linalg.iterator_type<parallel>"
-           for t in ir.ArrayAttr(g.attributes["iterator_types"])):
+    if any(not _parallel(t) for t in ir.ArrayAttr(g.attributes["iterator_types"])):
         return None
     maps = [str(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(g.attributes["indexing_maps"])]
     if len(set(maps)) != 1:
