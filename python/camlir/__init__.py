@@ -17,7 +17,7 @@ import sys
 __version__ = "0.1.0"
 
 _LAZY = {
-    "compile_backward": "api", "enable": "api", "reset": "api", "clear_disk_cache": "api",
+    "compile_backward": "api", "enable": "api", "reset": "api", "clear_disk_cache": "api", "wait": "api",
     "captured_graphs": "compiled", "compiled_programs": "compiled", "summarize": "summary",
     # "config" loads api (which re-exports it) so that the capture engine is registered and
     # has its compiler: `camlir.config.enabled = True` alone must patch backward.

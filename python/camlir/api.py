@@ -6,7 +6,7 @@ compiles every captured graph with it; the engine itself never imports the compi
 
 import torch
 
-from . import compiled, ddp
+from . import compiled, ddp, pending_program, settings
 from . import backend_registry as registry
 from . import repro  # noqa: F401 - listens to the driver (events.listen): repros, kept inputs
 from .capture import engine
@@ -14,6 +14,15 @@ from .settings import Settings, config, scoped  # noqa: F401 - config is re-expo
 from .stats import counters
 
 engine.set_compiler(compiled.CompiledBackward)
+
+
+def _prestart_service():
+    if settings.in_use():  # camlir was switched on: a compile worker starts importing now
+        compiled.prestart_service()
+
+
+settings.on_change(_prestart_service)
+_prestart_service()
 
 ddp.install()  # DistributedDataParallel modules built from now on use the Python reducer
 
@@ -23,17 +32,18 @@ def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, f
 
     `backend=None` means `camlir.config.backend`; `fullgraph=True` raises
     `camlir.UnsupportedError` instead of falling back to PyTorch (the values of both as in
-    `enable`).
+    `enable`). It waits for a new graph's program (`enable(wait=True)`): this backward runs
+    compiled code.
 
         camlir.compile_backward(model(x).sum())
     """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"compile_backward expects a tensor, got {type(loss).__name__}")
-    with enable(backend=backend, fullgraph=fullgraph):
+    with enable(backend=backend, fullgraph=fullgraph, wait=True):
         torch.autograd.backward(loss, gradient, retain_graph=retain_graph)
 
 
-def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
+def enable(backend=None, fullgraph=None, dynamic=None, wait=None) -> scoped:
     """Every `Tensor.backward()` / `torch.autograd.backward()` inside runs through camlir:
     `with camlir.enable(): ...`, or `@camlir.enable()` on a function.
 
@@ -45,6 +55,10 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
     - `dynamic`: None (sizes start static, then one program with dynamic sizes after a
       change), True (dynamic sizes from the first backward), False (every new size set is
       compiled with its sizes as constants); None means `config.dynamic`.
+    - `wait`: False (the default, `config.wait`) compiles a new graph in a worker process
+      while its backwards run on PyTorch's eager engine (same gradients), and its program
+      takes over at the first backward after it is ready; True makes the backward wait for
+      the program. `camlir.wait()` waits for every compile in flight.
 
     Bad arguments raise a ValueError here.
 
@@ -52,7 +66,7 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
             loss.backward()
     """
     try:
-        scope = _scopes.get((backend, fullgraph, dynamic))
+        scope = _scopes.get((backend, fullgraph, dynamic, wait))
     except TypeError:  # an unhashable argument: never valid, said below
         scope = None
     if scope is not None and (backend is None or registry.known(backend)):  # it may be unregistered since
@@ -61,9 +75,11 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
     if fullgraph not in (None, True, False):
         raise ValueError(f"fullgraph must be None, True or False, got {fullgraph!r}")
-    scope = scoped(Settings(backend, fullgraph, dynamic))  # checks the backend
+    if wait not in (None, True, False):
+        raise ValueError(f"wait must be None, True or False, got {wait!r}")
+    scope = scoped(Settings(backend, fullgraph, dynamic, wait))  # checks the backend
     if len(_scopes) < 64:
-        _scopes[(backend, fullgraph, dynamic)] = scope
+        _scopes[(backend, fullgraph, dynamic, wait)] = scope
     return scope
 
 
@@ -72,6 +88,18 @@ def enable(backend=None, fullgraph=None, dynamic=None) -> scoped:
 # on several threads or nested, and its resolved settings stay cached. `with enable():`
 # around every backward then costs a dict lookup, not a new scope.
 _scopes: dict = {}
+
+
+def wait(timeout=None) -> bool:
+    """Blocks until every compile in flight (in the compile workers) has finished and its
+    program is loaded, so the next backward of each graph runs compiled code; returns False
+    if `timeout` seconds passed first. For tests, benchmarks, and users who prefer to wait
+    once after the first step:
+
+        loss.backward()   # the first backward of a new graph: runs eagerly while it compiles
+        camlir.wait()     # its program is ready; later backwards run it
+    """
+    return pending_program.wait_all(timeout)
 
 
 def clear_disk_cache() -> int:

@@ -27,7 +27,7 @@ import weakref
 import torch
 from torch_mlir import ir
 
-from . import disk_cache, effects, events, graph_choice, logs, pipeline, profiling
+from . import compile_service, disk_cache, effects, environment, events, graph_choice, logs, pipeline, profiling
 from . import backend_registry as registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture import engine
@@ -36,6 +36,7 @@ from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record
 from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import ProgramRefused, UnsupportedError
+from .pending_program import CompileAbandoned, PendingProgram
 from .settings import active_settings, config
 from . import stages
 from .stages import Dump
@@ -97,6 +98,8 @@ class CompiledBackward:
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
         self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
         self._first_call = True      # no program of this graph has run yet
+        self._pending = []           # PendingPrograms of this graph not yet resolved
+        self.ran_pending = False     # this call ran PyTorch's graph: its program is compiling
         _live.add(self)
         counters["captures"] += 1
         _capture_count[0] += 1
@@ -113,11 +116,18 @@ class CompiledBackward:
         self.artifacts = Artifacts()
         self.gm = None
         self._unpacked = None
+        self._pending = []
+
+    def compile_in_flight(self) -> bool:
+        """Whether a program of this graph is compiling in a worker (never blocks)."""
+        self._pending = [p for p in self._pending if p.in_flight()]
+        return bool(self._pending)
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         if self.gm is None:
             raise RuntimeError(f"camlir: graph {self.capture_id} was released by camlir.reset() and cannot run")
         engine.running(self)  # from here on, an error is the backward's own (see engine._run)
+        self.ran_pending = False
         settings = active_settings()
         if settings is None:  # the engine reused this graph after camlir was switched off
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
@@ -139,6 +149,8 @@ class CompiledBackward:
             program = artifact.program
             if isinstance(program, SizeVariants):
                 program = program.variant(args, hooks, runtime_sizes=settings.dynamic is not False)
+            if isinstance(program, PendingProgram):
+                program = program.resolve(wait=bool(settings.fullgraph or settings.wait))
         except (UnsupportedError, RecompileLimitReached) as exc:
             if settings.fullgraph:
                 raise UnsupportedError(str(exc)) from exc
@@ -152,6 +164,13 @@ class CompiledBackward:
                 events.tell("fallback", capture_id=self.capture_id, reason=str(exc), gm=self.gm, inputs=inputs,
                             sizes=sizes, scalars=scalars, hooks=hooks, packed_data=packed_data,
                             unpacked=self._unpacked)
+            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+        if program is None:
+            # Its program is compiling in a worker: this call runs PyTorch's captured graph
+            # (the capture has run; the eager engine cannot answer it any more) and later
+            # ones the eager engine, before any capture (capture/engine.py), until it is ready.
+            self.ran_pending = True
+            counters["while_compiling"] += 1
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
         if self._first_call:  # repro.py listens: it keeps first-call inputs when asked to
             self._first_call = False
@@ -258,8 +277,10 @@ class CompiledBackward:
         if retraced.symbolic and backend.needs_static_sizes:
             program = self._size_variants(backend, module, inputs)  # compiles on its first call
         else:
+            background = _may_defer(settings)
             program, hook_guard = self.compiling(what, reason, None, None,
-                                                 lambda: self.build(backend, module, STATIC, list(inputs), hooks, dump=dump))
+                                                 lambda: self.build(backend, module, STATIC, list(inputs), hooks,
+                                                                    dump=dump, background=background))
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest not in _seen_graphs:
             _seen_graphs.add(digest)
@@ -346,6 +367,17 @@ class CompiledBackward:
             files, meta = {"ca.mlir": module_text.encode()}, {"guards": guards}
             disk_cache.put_later(key, lambda: (files, meta))
             return
+        if isinstance(program, PendingProgram):
+            if artifact.hook_guard is not None and artifact.hook_guard.inlined:
+                return
+
+            def store_answer(job):  # on the service's thread, as soon as the worker answered
+                if job.error is None:
+                    files = dict(job.answer["files"], **{"ca.mlir": module_text.encode()})
+                    disk_cache.put_later(key, lambda: (files, dict(job.answer["meta"], guards=guards)))
+
+            program.job.add_done_callback(store_answer)
+            return
         why = _not_storable(backend, program, artifact.hook_guard)
         if why:
             logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, why)
@@ -361,7 +393,8 @@ class CompiledBackward:
 
     # ------------------------------------------------------------------ building a program
 
-    def build(self, backend, module, variant: Variant, args, hooks, interpret_on_failure: bool = True, dump=None):
+    def build(self, backend, module, variant: Variant, args, hooks, interpret_on_failure: bool = True, dump=None,
+              background: bool = False):
         """`backend`'s program of `module` for `variant`, and the guard on the hooks it traced.
 
         The one fallback policy, for every backend: when a backend cannot build the
@@ -371,31 +404,67 @@ class CompiledBackward:
         PyTorch. With `interpret_on_failure` False the backend's error is raised instead
         (`SizeVariants` then specializes). A program's `not_native` says what of it is not
         compiled code, for `fullgraph=True` (docs/hooks.md). `dump`: where the stages go (a
-        static capture's continue the numbering of its retrace and import stages)."""
+        static capture's continue the numbering of its retrace and import stages).
+
+        With the compile service (`_service`), the backend's later stages run in a worker:
+        with `background` the program is a `PendingProgram` at once (the same policy applies
+        when it resolves), else this waits for it. A compile the service could not finish
+        (timed out, its worker died twice) raises `UnsupportedError`: not interpreted, since
+        the interpreter cannot answer what the compile never told."""
         dump = dump or Dump.for_graph(self.capture_id, variant.label)
         try:
-            program, guard = pipeline.compile(backend, module, args, hooks, dump, variant)
+            program, guard = pipeline.compile(backend, module, args, hooks, dump, variant, service=_service(backend))
+            if isinstance(program, compile_service.Job):
+                if background:
+                    return self._deferred(program, backend, module, variant, args, hooks, dump, guard), guard
+
+                def failed(exc):
+                    raise exc
+
+                program = PendingProgram(program, backend, module.context, dump.label, failed).resolve(wait=True)
+        except CompileAbandoned:
+            raise
         except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
             if backend.reference:
                 what = f"op {exc.op_name}" if hasattr(exc, "op_name") else "the reference interpreter"
                 raise UnsupportedError(f"{what} cannot run: {exc}") from exc
             if not interpret_on_failure:
                 raise
-            if logs.enabled("verbose"):
-                logs.log.info("%s compile failure of %s in full:\n%s", backend.name, dump.label, exc)
-            counters["interpreted"] += 1
-            headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-            logs.log.warning("camlir: the %s backend cannot compile %s (%s); it runs on the "
-                             "reference interpreter", backend.name, dump.label, headline)
-            if events.listening("interpreted"):
-                events.tell("interpreted", capture_id=self.capture_id, reason=headline, module=module, args=args,
-                            hooks=hooks, sizes=None if variant.sizes is None else list(variant.sizes))
-            program, _ = self.build(registry.get("eager"), module, variant, args, hooks, dump=dump)
-            program.not_native = f"the {backend.name} backend could not compile it and interprets it ({headline})"
-            return program, None
+            return self._interpreted(backend, module, variant, args, hooks, dump, exc)
         if not backend.reference:
             program.not_native = self._not_native(module, guard)
         return program, guard
+
+    def _interpreted(self, backend, module, variant: Variant, args, hooks, dump, exc):
+        """The reference interpreter's program, for a compile of `backend` that raised `exc`."""
+        if logs.enabled("verbose"):
+            logs.log.info("%s compile failure of %s in full:\n%s", backend.name, dump.label, exc)
+        counters["interpreted"] += 1
+        headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        logs.log.warning("camlir: the %s backend cannot compile %s (%s); it runs on the "
+                         "reference interpreter", backend.name, dump.label, headline)
+        if events.listening("interpreted"):
+            events.tell("interpreted", capture_id=self.capture_id, reason=headline, module=module, args=args,
+                        hooks=hooks, sizes=None if variant.sizes is None else list(variant.sizes))
+        program, _ = self.build(registry.get("eager"), module, variant, args, hooks, dump=dump)
+        program.not_native = f"the {backend.name} backend could not compile it and interprets it ({headline})"
+        return program, None
+
+    def _deferred(self, job, backend, module, variant, args, hooks, dump, guard) -> PendingProgram:
+        """The `PendingProgram` of a compile running in a worker while backwards go on."""
+        def on_failure(exc):
+            return self._interpreted(backend, module, variant, args, hooks, dump, exc)[0]
+
+        def on_ready(program, answer):
+            seconds = answer.get("seconds", 0.0)
+            events.record(events.Event(self.capture_id, "ready", f"program built in a compile worker in "
+                                       f"{seconds:.2f} s; the next backward runs it", "compile service",
+                                       seconds=seconds))
+
+        pending = PendingProgram(job, backend, module.context, dump.label, on_failure, on_ready)
+        pending.not_native = self._not_native(module, guard)
+        self._pending.append(pending)
+        return pending
 
     @staticmethod
     def _not_native(module, guard) -> str:
@@ -421,6 +490,61 @@ class CompiledBackward:
             return self.build(backend, module, variant, args, hooks, interpret_on_failure)
 
         return SizeVariants(len(inputs), shaped, build, self.compiling, backend.runtime_sizes, stored)
+
+
+def service_workers() -> int:
+    """How many compile workers: `config.compile_workers`, else `CAMLIR_COMPILE_WORKERS`,
+    else the cores left over (at least 1). 0: compiles run in this process."""
+    if config.compile_workers is not None:
+        return config.compile_workers
+    value = environment.integer("CAMLIR_COMPILE_WORKERS")
+    return max(0, value) if value is not None else compile_service.default_workers()
+
+
+def service_timeout() -> float:
+    """Seconds a compile may run in its worker: `config.compile_timeout_s`, else
+    `CAMLIR_COMPILE_TIMEOUT_S`, else 120 (the longest compile of `bench/` and the model sweeps
+    measured ~25 s on 2 cores; timm MobileViT's never ended)."""
+    if config.compile_timeout_s is not None:
+        return float(config.compile_timeout_s)
+    text = environment.text("CAMLIR_COMPILE_TIMEOUT_S")
+    try:
+        value = float(text) if text else 120.0
+    except ValueError:
+        raise ValueError(f"CAMLIR_COMPILE_TIMEOUT_S must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"CAMLIR_COMPILE_TIMEOUT_S must be > 0, got {text!r}")
+    return value
+
+
+def _service(backend):
+    """The compile service for `backend`'s compiles, or None (compile here)."""
+    if backend.service_from is None:
+        return None
+    workers = service_workers()
+    return compile_service.get(workers, service_timeout()) if workers else None
+
+
+def prestart_service() -> None:
+    """Starts a compile worker now, where the configured backend would use one (camlir was
+    just switched on: the worker imports torch and MLIR while the forward runs)."""
+    try:
+        backend = registry.get(config.backend)
+        service = _service(backend)
+    except Exception:  # noqa: BLE001 - a bad setting is reported where it is used
+        return
+    if service is not None:
+        service.prestart()
+
+
+def _may_defer(settings) -> bool:
+    """Whether a backward may go on while its program compiles: not under `fullgraph`
+    (every backward is compiled code) or `wait`, and not in a torch.distributed group,
+    where ranks whose compiles finish at different steps would run different backwards."""
+    if settings.fullgraph or settings.wait:
+        return False
+    distributed = getattr(torch, "distributed", None)
+    return not (distributed is not None and distributed.is_available() and distributed.is_initialized())
 
 
 def _not_storable(backend, program, hook_guard) -> str:

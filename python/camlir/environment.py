@@ -116,6 +116,18 @@ VARIABLES = (
              "Worker processes for LLVM's code generation of a big kernel module; `0` compiles in the "
              "process alone. Not a whole number: an error. See [speed.md](speed.md).",
              shown="cores - 1 (at most 7)"),
+    Variable("CAMLIR_COMPILE_WORKERS", (), None, "int",
+             "Compile worker processes (the compile service: graphs compile off the training loop); `0` "
+             "compiles in the training process, as before the service. Sets the default of "
+             "`camlir.config.compile_workers`. Not a whole number: an error. See "
+             "[compile-service.md](compile-service.md).", shown="cores - 1 (at least 1, at most 8)"),
+    Variable("CAMLIR_COMPILE_TIMEOUT_S", (), None, "text",
+             "Seconds a compile may run in its worker before the worker is killed and the graph stays on "
+             "the eager engine. Sets the default of `camlir.config.compile_timeout_s`. See "
+             "[compile-service.md](compile-service.md).", shown="120"),
+    Variable("CAMLIR_COMPILE_DELAY_S", (), None, "text",
+             "Test knob: a compile worker sleeps this many seconds before each compile (tests of the "
+             "watchdog and of killed workers)."),
     # ---------------------------------------------------------------- gpu
     Variable("CAMLIR_LIBDEVICE", (), None, "text",
              "Path of `libdevice.10.bc` for the gpu backend. See [gpu-backend.md](gpu-backend.md).",
@@ -203,6 +215,27 @@ def raw(name: str) -> Optional[str]:
     """`os.environ.get(name)` for a variable in the table, typically an external one that
     camlir inspects but does not own (`CUDA_HOME`, `GLIBC_TUNABLES`, ...)."""
     return os.environ.get(variable(name).name)
+
+
+def _names() -> set:
+    return {v.name for v in VARIABLES if v.kind != "external"} | {n for v in VARIABLES for n in v.old_names}
+
+
+def snapshot() -> dict:
+    """camlir's own variables (and their old names) that are set now, name -> value: what a
+    compile worker applies to each request (`apply`), so that a variable set after the
+    worker started still counts there."""
+    return {name: os.environ[name] for name in _names() if name in os.environ}
+
+
+def apply(values: dict) -> None:
+    """Makes camlir's variables in this process what `values` (a `snapshot()`) says: set
+    where it has them, unset where it does not."""
+    for name in _names():
+        if name in values:
+            os.environ[name] = values[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def _default_cell(var: Variable) -> str:

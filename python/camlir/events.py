@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from camlir import logs
 
-KINDS = ("capture", "compile", "disk_hit", "fallback", "recompile_limit", "choice")
+KINDS = ("capture", "compile", "ready", "disk_hit", "fallback", "recompile_limit", "choice")
 # A long training run with a recompiling graph must not grow memory without bound; the
 # oldest records go first (the recompile limit stops a storm long before this).
 MAX_EVENTS = 10_000

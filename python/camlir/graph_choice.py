@@ -160,7 +160,7 @@ class Route:
     `reason` says why (for a fallback, the fallback's reason)."""
 
     __slots__ = ("calls", "decided", "compiled_s", "eager_s", "ratio", "reason", "graph", "timing", "rounds",
-                 "since", "final", "_block", "_compiled", "_eager")
+                 "since", "final", "pending", "_block", "_compiled", "_eager")
 
     def __init__(self):
         self.calls = 0
@@ -173,6 +173,7 @@ class Route:
         self.rounds = 0  # decisions taken by timing
         self.since = 0  # calls run on the decided side since the last decision
         self.final = False  # decided for correctness (a fallback): never timed again
+        self.pending = None  # the compiled backward whose program compiles in a worker (compile service)
         self._block = 0  # the block of the call `pick()` just chose
         self._compiled, self._eager = [], []  # (block, seconds)
 

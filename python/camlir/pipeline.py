@@ -85,25 +85,74 @@ class Work:
 
 # --------------------------------------------------------------------------- the loop
 
-def compile(backend, module: ir.Module, args: list, hooks, dump: Dump, variant: Variant = STATIC):
+def compile(backend, module: ir.Module, args: list, hooks, dump: Dump, variant: Variant = STATIC, service=None):
     """Builds `backend`'s program of the captured `module` (not changed) for `variant`, with
     this call's `args` and `hooks`; returns (program, the hook guard of what it traced, or
     None). Raises what a stage raised (`StageError` names the stage); the driver decides
     what runs instead (`compiled.CompiledBackward.build`).
 
-    The stages from `backend.apart_from` on run in a thread of their own: what they leave
-    in memory stays out of the malloc arena the training loop's tensors come from
+    With a compile `service` (`compile_service.Service`) and a backend that names
+    `service_from`, the stages before that one run here (they need this process: the
+    user's hooks, this call's tensors) and the rest in a worker process: the program is then
+    a `compile_service.Job`, whose answer `load_answer` turns into the program.
+
+    Without one, the stages from `backend.apart_from` on run in a thread of their own: what
+    they leave in memory stays out of the malloc arena the training loop's tensors come from
     (compile_thread.py says why, with the measurement). The stages before it run in the
     backward's thread: tracing calls the user's hooks."""
     work = Work(module, list(args), hooks, dump, variant)
     stages = list(backend.stages(variant))
     names = [s.name for s in stages]
+    if service is not None and backend.service_from in names:
+        cut = names.index(backend.service_from)
+        _run(stages[:cut], work)
+        job = service.submit(service_request(backend, work), dump.label)
+        logs.log.debug("%s: sent to a compile worker after %.3f s here", dump.label, work.seconds())
+        return job, work.guard
     split_at = names.index(backend.apart_from) if backend.apart_from in names else len(stages)
     _run(stages[:split_at], work)
     if split_at < len(stages):
         run_apart(_run, stages[split_at:], work)
     logs.log.debug("%s: %s program built in %.3f s", dump.label, backend.name, work.seconds())
     return work.program, work.guard
+
+
+def service_request(backend, work: Work) -> dict:
+    """What a compile worker needs to run `backend`'s stages from `service_from` on: the
+    module as the earlier stages left it, and what they put in `work` for the later ones."""
+    from camlir import environment
+
+    return {
+        "backend": backend.name,
+        "module": work.module.operation.get_asm(assume_verified=True),
+        "variant": work.variant,
+        "perms": work.perms,
+        "expected_effects": work.expected_effects,
+        "dump": Dump(work.dump.label, work.dump.directory, work.dump.count, work.dump.previous),
+        "environment": environment.snapshot(),
+        "log_kinds": sorted(k for k in logs.KINDS if logs.enabled(k)),
+        "seconds_here": work.seconds(),
+    }
+
+
+def compile_apart(request: dict) -> dict:
+    """In a compile worker (or, where no worker can run, here): the stages from the
+    backend's `service_from` on, over the request's module; the program as
+    `backend.to_files` gives it (the disk cache's files), with `lowered_text` and the
+    seconds it took."""
+    from camlir import backend_registry as registry
+
+    backend = registry.get(request["backend"])
+    start = time.perf_counter()
+    module = ir.Module.parse(request["module"], make_context())
+    work = Work(module, [], None, request["dump"], request["variant"])
+    work.module, work.perms, work.expected_effects = module, request["perms"], request["expected_effects"]
+    stages = list(backend.stages(work.variant))
+    cut = [s.name for s in stages].index(backend.service_from)
+    _run(stages[cut:], work)
+    files, meta = backend.to_files(work.program)
+    return {"files": files, "meta": meta, "lowered_text": work.lowered_text,
+            "seconds": time.perf_counter() - start}
 
 
 def _run(stages: list, work: Work) -> None:

@@ -6,6 +6,9 @@
     camlir.config.dynamic = None   # None: sizes start static; after a change, compiled dynamic
     camlir.config.recompile_limit = 8  # compiles per graph before it runs uncompiled
     camlir.config.disk_cache = True    # keep compiled programs on disk across processes
+    camlir.config.wait = False         # True: a backward waits for its program to compile
+    camlir.config.compile_workers = None  # worker processes that compile (0: in this process)
+    camlir.config.compile_timeout_s = 120.0  # a compile running longer is killed
 
 Bad values are rejected when set, with a message that says what is accepted.
 
@@ -40,13 +43,23 @@ class Config:
     (`config.fullgraph = "no"` is a ValueError, not True), and a name that is not a setting
     (`config.recompile_limt = 3`) is an AttributeError that names the closest setting.
 
+    `wait` (bool, default False): False compiles a new graph in a worker process while its
+    backwards run on PyTorch's eager engine, and the program takes over at the first backward
+    after it is ready; True makes that backward wait for the program (as `compile_backward`
+    and `enable(wait=True)` do). `compile_workers` (None: `CAMLIR_COMPILE_WORKERS`, else the
+    cores left over, at least 1; 0 compiles in this process, blocking) and
+    `compile_timeout_s` (a number > 0, default `CAMLIR_COMPILE_TIMEOUT_S` or 120: a compile
+    running longer has its worker killed and the graph stays on the eager engine); see
+    docs/compile-service.md.
+
     `dynamic`: None (the default) compiles the first sizes a graph sees as constants, and
     once they change, one program with dynamic sizes for all later ones; True compiles with
     dynamic sizes from the first backward; False compiles every new size set as constants.
     """
 
-    SETTINGS = ("enabled", "backend", "fullgraph", "dynamic", "recompile_limit", "disk_cache")
-    _BOOLS = ("fullgraph", "disk_cache")
+    SETTINGS = ("enabled", "backend", "fullgraph", "dynamic", "recompile_limit", "disk_cache", "wait",
+                "compile_workers", "compile_timeout_s")
+    _BOOLS = ("fullgraph", "disk_cache", "wait")
 
     def __setattr__(self, name, value):
         if not name.startswith("_"):
@@ -68,6 +81,9 @@ class Config:
         self._dynamic = None
         self._recompile_limit = 8
         self.disk_cache = True  # see camlir/disk_cache.py; CAMLIR_DISK_CACHE=0 also turns it off
+        self.wait = False
+        self._compile_workers = None
+        self._compile_timeout_s = None
 
     @property
     def enabled(self) -> bool:
@@ -108,6 +124,27 @@ class Config:
         self._recompile_limit = value
 
 
+    @property
+    def compile_workers(self):
+        return self._compile_workers
+
+    @compile_workers.setter
+    def compile_workers(self, value) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"camlir.config.compile_workers must be None or an int >= 0, got {value!r}")
+        self._compile_workers = value
+
+    @property
+    def compile_timeout_s(self):
+        return self._compile_timeout_s
+
+    @compile_timeout_s.setter
+    def compile_timeout_s(self, value) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"camlir.config.compile_timeout_s must be None or a number > 0, got {value!r}")
+        self._compile_timeout_s = value
+
+
 def _bool(name: str, value) -> bool:
     """`value` as a setting's bool: True/False (or 1/0); anything else is a ValueError, so
     that `config.fullgraph = "no"` does not silently mean True."""
@@ -138,6 +175,7 @@ class Settings:
     backend: Optional[str] = None
     fullgraph: Optional[bool] = None
     dynamic: Optional[bool] = None
+    wait: Optional[bool] = None
 
     def resolved(self) -> "Settings":
         cached = self.__dict__.get("_resolved")
@@ -147,6 +185,7 @@ class Settings:
             backend=self.backend if self.backend is not None else config.backend,
             fullgraph=self.fullgraph if self.fullgraph is not None else config.fullgraph,
             dynamic=self.dynamic if self.dynamic is not None else config.dynamic,
+            wait=self.wait if self.wait is not None else config.wait,
         )
         object.__setattr__(self, "_resolved", (config._version, resolved))
         return resolved

@@ -11,13 +11,17 @@
   interpreter instead (correct, not fast; the log says why);
 - eager_runs: backward calls camlir sent to PyTorch's eager engine before any capture,
   because their structure measured faster there or its compiled backward fell back
-  (`graph_choice.py`; `camlir.explain(kind="choice")` says which and why).
+  (`graph_choice.py`; `camlir.explain(kind="choice")` says which and why), or while its
+  program compiled in a worker (the compile service);
+- while_compiling: backward calls that ran uncompiled because their program was still
+  compiling in a worker: the call that started the compile runs PyTorch's captured graph,
+  the later ones the eager engine (also counted in `eager_runs`).
 """
 
 import collections
 
 KEYS = ("captures", "compiles", "unique_graphs", "cache_hits", "disk_cache_hits", "fallbacks", "interpreted",
-        "eager_runs")
+        "eager_runs", "while_compiling")
 
 
 class Counters(collections.Counter):
@@ -29,7 +33,9 @@ class Counters(collections.Counter):
     (programs loaded from disk instead of compiled), `fallbacks` (graphs or calls PyTorch
     ran because camlir could not), `interpreted` (graphs the cpu backend could not compile,
     run by the reference interpreter), `eager_runs` (backward calls sent to the eager
-    engine by the speed choice or after a fallback).
+    engine by the speed choice, after a fallback, or while the program compiled),
+    `while_compiling` (backward calls run uncompiled while their program compiled in a
+    worker process).
 
         >>> camlir.counters["compiles"], camlir.counters["cache_hits"]
         (1, 41)

@@ -10,6 +10,10 @@ os.environ.setdefault("CAMLIR_DISK_CACHE", "0")
 # would stop running it after 34 calls (graph_choice.py). test_speed_guarantees switches
 # the measurement back on; routing after a fallback is on either way.
 os.environ.setdefault("CAMLIR_GRAPH_CHOICE", "0")
+# Tests count compiles and read programs right after the backward that made them: compiles
+# run in this process, blocking, as with `camlir.config.compile_workers = 0`. The compile
+# service's own tests (test_compile_service.py) switch the workers on.
+os.environ.setdefault("CAMLIR_COMPILE_WORKERS", "0")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -24,6 +24,11 @@ The driver (`compiled.py`) only ever talks to a backend through this class:
   and `from_files(entry, context)` (`disk_cache.py` keys and stores them; `code_options()`
   joins the key).
 - `apart_from`: the first stage that may run in a thread of its own (`pipeline.compile`).
+- `service_from`: the first stage that may run in a compile worker process (the compile
+  service, `compile_service.py`): every stage from it on must need nothing of the training
+  process but the module and `Work`'s picklable fields (perms, expected effects), and the
+  worker hands the program back as `to_files` gives it, which `from_files` loads here. None
+  (the default): the backend compiles in the training process.
 """
 
 from typing import Optional
@@ -37,6 +42,7 @@ class Backend:
     needs_static_sizes: bool = True  # False: one program serves every size set of a symbolic capture
     runtime_sizes: bool = False      # whether Variant(runtime_sizes=True) compiles
     apart_from: Optional[str] = None
+    service_from: Optional[str] = None
     stores_programs: bool = False
 
     def stages(self, variant) -> tuple:

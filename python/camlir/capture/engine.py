@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
-from camlir import events, graph_choice, logs, profiling
+from camlir import events, graph_choice, logs, pending_program, profiling
 from camlir.capture import dynamo_off
 from camlir.errors import UnsupportedError
 from camlir.settings import active_settings, in_use, on_change
@@ -339,6 +339,16 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     start = profiling.clock() if profile is not None else None
     try:
         with _one_at_a_time:
+            if pending_program.any_unresolved() and not settings.fullgraph:
+                # Some program compiles in a worker: a backward of its structure runs on the
+                # eager engine, before any capture, until it is ready (compile_service.py).
+                if route is None:
+                    route = graph_choice.routes.for_backward(roots, inputs)
+                graph = route.pending
+                if graph is not None:
+                    if graph.compile_in_flight() and not settings.wait:
+                        return _eager_while_compiling(call)
+                    route.pending = None
             routed = graph_choice.routes.awake and not settings.fullgraph
             if routed:
                 if route is None:
@@ -370,6 +380,12 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                                    f"the eager engine")
                     events.record(events.Event(0, "choice", route.reason, "fallback"))
                 return result
+            if _local.graph is not None and _local.graph.ran_pending:
+                if route is None:
+                    route = graph_choice.routes.route(graph_choice.structure_key(roots, inputs))
+                route.pending = _local.graph
+                route.graph = _local.graph.capture_id
+                return result  # not timed: it ran PyTorch's graph, not the program
             if route is not None and _local.graph is not None:
                 route.graph = _local.graph.capture_id
             if timed and _local.graph is not None and _local.graph.fallback_reason is None:
@@ -438,6 +454,14 @@ def _eager(call: Callable, route):
     counters["eager_runs"] += 1
     if timed:
         _decide(route, "eager", time.perf_counter() - clock)
+    return result
+
+
+def _eager_while_compiling(call: Callable):
+    """One backward on the eager engine while its structure's program compiles in a worker."""
+    result = call()
+    counters["eager_runs"] += 1
+    counters["while_compiling"] += 1
     return result
 
 

@@ -35,7 +35,10 @@ result allocations into the out-params (hoist-dynamic-allocs); the runtime kerne
 `abi.DynamicKernel` (sizes and strides written per call, outputs allocated with the shapes
 the shape function computes).
 
-The stages from layouts on run in a thread of their own (`CpuBackend.apart_from`).
+With the compile service (`compile_service.py`, the default) the stages from kernels on run
+in a worker process (`CpuBackend.service_from`), which answers with the files the disk cache
+keeps (`persist.py`); without it, the stages from layouts on run in a thread of their own
+(`CpuBackend.apart_from`).
 """
 
 import re
@@ -260,6 +263,7 @@ class CpuBackend(Backend):
     name = "cpu"
     runtime_sizes = True
     apart_from = "layouts"
+    service_from = "kernels"  # specialize, trace-hooks (user hooks) and layouts (tensors) run here
     stores_programs = True
 
     def stages(self, variant) -> tuple:

@@ -1,0 +1,84 @@
+"""A compile worker: `python -m camlir.compile_worker`, started by `compile_service`.
+
+It reads requests on stdin and writes answers on stdout, both length-prefixed pickles
+(`compile_service.send` / `receive`), one compile at a time: `pipeline.compile_apart` runs
+the stages from the backend's `service_from` on and returns the program as the files the
+disk cache keeps. Before the first request it says `{"ready": True}` (after importing torch
+and MLIR, ~3 s), so the service can tell a worker that cannot start from one that died
+compiling.
+
+Per request it applies the requester's camlir environment variables (set after this
+process started, they still count) and log kinds, and hands back the log records the
+compile made (the requester logs them as its own: `CAMLIR_LOGS=verbose` shows the stages
+that ran here). Anything printed goes to stderr: stdout is the protocol's.
+
+`CAMLIR_COMPILE_DELAY_S` (a test knob) sleeps that long before each compile, so tests can
+make a compile outrun its timeout or kill a worker in the middle of one.
+"""
+
+import logging
+import os
+import sys
+import time
+import traceback
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append((record.levelno, record.getMessage()))
+
+
+def handle(request: dict) -> dict:
+    """One request's answer (never raises: a failure is the answer's `error`)."""
+    from camlir import environment, logs, pipeline
+    from camlir.stages import StageError
+
+    environment.apply(request.get("environment", {}))
+    logs.set_logs(request.get("log_kinds", ()))
+    records = _Records()
+    logs.log.addHandler(records)
+    level, logs.log.level = logs.log.level, logging.DEBUG
+    try:
+        delay = float(environment.text("CAMLIR_COMPILE_DELAY_S") or 0)
+        if delay > 0:
+            time.sleep(delay)
+        answer = pipeline.compile_apart(request)
+    except BaseException as exc:  # noqa: BLE001 - told to the requester, who decides what runs
+        if logs.enabled("verbose"):
+            logs.log.info("compile worker traceback:\n%s", traceback.format_exc())
+        answer = {"error": (type(exc).__name__, str(exc), exc.stage if isinstance(exc, StageError) else None)}
+    finally:
+        logs.log.removeHandler(records)
+        logs.log.setLevel(level)
+    answer["logs"] = records.records
+    answer["pid"] = os.getpid()
+    return answer
+
+
+def main() -> int:
+    """Serves requests until stdin closes; the exit status."""
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # print() and native writes to fd 1 land on stderr, never in the protocol
+    sys.stdout = sys.stderr
+    protocol_in = sys.stdin.buffer
+    from camlir import compile_service, pipeline  # noqa: F401 - imported before saying ready
+    import camlir.backends.cpu.compiler  # noqa: F401
+
+    camlir_log = logging.getLogger("camlir")
+    camlir_log.addHandler(logging.NullHandler())  # set_logs adds no stderr handler: records go back
+    camlir_log.propagate = False
+    compile_service.send(protocol_out, {"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            request = compile_service.receive(protocol_in)
+        except EOFError:
+            return 0  # the requester closed: it exits or shut the service down
+        compile_service.send(protocol_out, handle(request))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
