@@ -374,7 +374,8 @@ class CompiledBackward:
             def store_answer(job):  # on the service's thread, as soon as the worker answered
                 if job.error is None:
                     files = dict(job.answer["files"], **{"ca.mlir": module_text.encode()})
-                    disk_cache.put_later(key, lambda: (files, dict(job.answer["meta"], guards=guards)))
+                    meta = dict(job.answer["meta"], guards=guards, not_native=program.not_native)
+                    disk_cache.put_later(key, lambda: (files, meta))
 
             program.job.add_done_callback(store_answer)
             return
@@ -384,7 +385,7 @@ class CompiledBackward:
             return
 
         def make_files():
-            files, meta = backend.to_files(program)
+            files, meta = _files_of(backend, program)
             files["ca.mlir"] = module_text.encode()
             meta["guards"] = guards
             return files, meta
@@ -547,6 +548,15 @@ def _may_defer(settings) -> bool:
     return not (distributed is not None and distributed.is_available() and distributed.is_initialized())
 
 
+def _files_of(backend, program) -> tuple:
+    """(files, meta) of `program` for the disk cache: the compile worker's, for a program
+    loaded from them (it has no engine to link again), else `backend.to_files`."""
+    made = getattr(program, "service_files", None)
+    if made is not None:  # the worker did not know what the driver says is not native
+        return dict(made[0]), dict(made[1], not_native=getattr(program, "not_native", ""))
+    return backend.to_files(program)
+
+
 def _not_storable(backend, program, hook_guard) -> str:
     """Why a program cannot go to the disk cache ("" when it can)."""
     why = backend.not_storable(program)
@@ -586,7 +596,7 @@ class _Stored:
         why = _not_storable(self.backend, program, guard)
         if why or not disk_cache.enabled():
             return
-        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: self.backend.to_files(program))
+        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: _files_of(self.backend, program))
 
 
 def _describe(values) -> str:

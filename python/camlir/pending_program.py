@@ -102,6 +102,7 @@ class PendingProgram:
         program.lowered_text = answer.get("lowered_text", "")
         program.compile_seconds = self.seconds_here + answer.get("seconds", 0.0)
         program.not_native = self.not_native
+        program.service_files = (answer["files"], answer["meta"])  # what the disk cache stores of it
         if hasattr(program, "label"):
             program.label = self.label
         return program
