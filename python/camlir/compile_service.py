@@ -222,8 +222,8 @@ class _Worker:
                 self.job = job
                 send(self.proc.stdin, job.request)
                 answer = receive(self.proc.stdout)
-            except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
-                answer = None
+            except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+                answer = None  # it died: `_reap` gets its exit status
             self.job = None
             if answer is not None:
                 self.service._finished(job, answer)

@@ -15,9 +15,6 @@ silently wrong gradient.
 
 from collections import Counter
 
-import torch
-
-from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 from torch_mlir import ir
 
 from camlir.dialects.ca.ir_helpers import ops_named, require_func
@@ -28,6 +25,9 @@ ACCUMULATE = "accumulate_grad"
 
 def in_captured_graph(gm) -> Counter:
     """Accumulations and hooks (by kind) in the graph compiled autograd handed over."""
+    import torch  # here: a compile worker checks modules (`in_module`, `check`) without torch
+    from torch._dynamo.external_utils import call_accumulate_grad, call_hook
+
     found = Counter()
     for n in gm.graph.nodes:
         if n.op != "call_function":

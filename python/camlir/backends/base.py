@@ -25,10 +25,13 @@ The driver (`compiled.py`) only ever talks to a backend through this class:
   joins the key).
 - `apart_from`: the first stage that may run in a thread of its own (`pipeline.compile`).
 - `service_from`: the first stage that may run in a compile worker process (the compile
-  service, `compile_service.py`): every stage from it on must need nothing of the training
-  process but the module and `Work`'s picklable fields (perms, expected effects), and the
-  worker hands the program back as `to_files` gives it, which `from_files` loads here. None
-  (the default): the backend compiles in the training process.
+  service, `compile_service.py`); None (the default): the backend compiles in the training
+  process. The worker runs `service_stages(variant)` (by default `stages(variant)` from
+  `service_from` on) over the module and `Work`'s picklable fields (perms, expected
+  effects); their last sets `work.artifact` to the (files, meta) that `from_files` loads in
+  the training process (or, if none does, `to_files(work.program)` gives them).
+  `worker_facts()` is what the training process tells the worker about itself (a dict),
+  `assume(facts)` how the worker takes it.
 """
 
 from typing import Optional
@@ -47,6 +50,19 @@ class Backend:
 
     def stages(self, variant) -> tuple:
         raise NotImplementedError(f"backend {self.name!r} defines no stages")
+
+    def service_stages(self, variant) -> tuple:
+        """The stages a compile worker runs (from `service_from` on)."""
+        stages = tuple(self.stages(variant))
+        names = [s.name for s in stages]
+        return stages[names.index(self.service_from):]
+
+    def worker_facts(self) -> dict:
+        """What a compile worker must be told about the training process (`assume`)."""
+        return {}
+
+    def assume(self, facts: dict) -> None:
+        """In a compile worker: takes the training process's `worker_facts()`."""
 
     def code_options(self) -> str:
         """What, besides the graph and the machine, decides this backend's code (part of the

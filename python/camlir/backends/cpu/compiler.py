@@ -47,19 +47,25 @@ from torch_mlir import ir
 
 from camlir import logs
 from camlir.backends.base import Backend
-from camlir.backends.cpu import abi, jit, persist, same_kernels
+from camlir.backends.cpu import jit, persist, same_kernels
 from camlir.backends.cpu import shapes as kernel_shapes
-from camlir.backends.cpu.program import CpuProgram, torch_twins
 from camlir.dialects.ca.ir_helpers import func_name, funcs, function_type, is_kernel, ops_named
 from camlir.passes.bf16_as_i16 import holds_bf16
 from camlir.pipeline import KERNEL_STAGES, Work, bufferize_passes, split as split_kernels
 from camlir.stages import Dump, Stage, StageError, run_stage
 
 
+# The runtime (`abi`, `program`: they need torch) is imported in the stages that build a
+# program, not at the top: a compile worker imports this module and runs the stages up to
+# the program's files without torch (it starts in 0.4 s instead of 3.3 s; compile_worker.py).
+
+
 def split(work: Work) -> None:
     """split, then each kernel's argument and result specs (`work.specs`: name -> (input
     specs, output specs, shape function or None)); with runtime sizes specs may have dynamic
     dims and scalar arguments, and each kernel gets the shape function of its results."""
+    from camlir.backends.cpu import abi
+
     split_kernels(work)
     runtime_sizes = work.variant.runtime_sizes
     work.specs = {}
@@ -242,6 +248,9 @@ def make_native(kernel_module: ir.Module, dump: Dump, runtime_sizes: bool = Fals
 
 def program(work: Work) -> None:
     """The `CpuProgram`: the host function walked by the runtime, calling the kernels."""
+    from camlir.backends.cpu import abi
+    from camlir.backends.cpu.program import CpuProgram, torch_twins
+
     engine, shared = work.engine, work.shared
     compiled = {name: (abi.DynamicKernel(engine, name, ins, outs, shape_fn, shared.get(name, ""))
                        if work.variant.runtime_sizes
@@ -257,6 +266,50 @@ def program(work: Work) -> None:
 _CPU_STAGES = (Stage("same-code", same_code), Stage("native", native), Stage("program", program))
 
 
+# --------------------------------------------------------------------------- in a compile worker
+
+def split_apart(work: Work) -> None:
+    """split, in a compile worker: with runtime sizes, each kernel's shape function (its
+    source, `work.shape_sources`); the specs are read back from the stored host module's
+    kernel declarations where the program is loaded (`persist.from_files`)."""
+    split_kernels(work)
+    work.shape_sources = {}
+    if work.variant.runtime_sizes:
+        for fn in funcs(work.kernels, is_kernel):
+            try:
+                work.shape_sources[func_name(fn)] = kernel_shapes.derive(fn).source
+            except kernel_shapes.ShapeError as exc:
+                raise StageError("split", f"kernel @{func_name(fn)}: {exc}") from exc
+
+
+def native_apart(work: Work) -> None:
+    """math .. llvm, then the kernels' machine code linked into one library (`work.library`;
+    None without kernels), in a compile worker: objects only, nothing is loaded here."""
+    work.library = None
+    if not list(funcs(work.kernels, is_kernel)):
+        return
+    with work.kernels.context, ir.Location.unknown():
+        math(work.kernels, work.dump)
+        bufferize(work.kernels, work.dump, work.variant.runtime_sizes)
+        blas(work.kernels, work.dump)
+        threads(work.kernels, work.dump)
+        llvm_module = loops_and_llvm(work.kernels, work.dump)
+    try:
+        work.library = jit.shared_library(*jit.compile_objects(llvm_module))
+    except Exception as exc:  # noqa: BLE001 - LLVM and the linker raise plain errors
+        raise StageError("jit", str(exc)) from exc
+
+
+def artifact(work: Work) -> None:
+    """The program's files as the disk cache keeps them (`persist.files`): `work.artifact`."""
+    work.artifact = persist.files(persist.host_text(work.module), work.library, work.perms,
+                                  work.variant.runtime_sizes, work.shape_sources, "", work.seconds(),
+                                  work.shared)
+
+
+_APART_STAGES = (Stage("same-code", same_code), Stage("native", native_apart), Stage("artifact", artifact))
+
+
 class CpuBackend(Backend):
     """Native code for the cpu through MLIR's JIT; programs kept on disk."""
 
@@ -269,10 +322,23 @@ class CpuBackend(Backend):
     def stages(self, variant) -> tuple:
         return tuple(Stage("split", split) if s.name == "split" else s for s in KERNEL_STAGES) + _CPU_STAGES
 
+    def service_stages(self, variant) -> tuple:
+        names = [s.name for s in KERNEL_STAGES]
+        shared = KERNEL_STAGES[names.index(self.service_from):]
+        return tuple(Stage("split", split_apart) if s.name == "split" else s for s in shared) + _APART_STAGES
+
+    def worker_facts(self) -> dict:
+        return jit.facts()
+
+    def assume(self, facts: dict) -> None:
+        jit.assume(facts)
+
     def code_options(self) -> str:
         return f"vector width {jit.vector_width()}"
 
     def not_storable(self, program) -> str:
+        from camlir.backends.cpu.program import CpuProgram
+
         if not isinstance(program, CpuProgram) or program.host_text is None:
             return "it is not native code (interpreted)"
         return ""

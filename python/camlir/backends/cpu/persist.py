@@ -13,13 +13,15 @@ A `CpuProgram` is a host function (walked by the runtime) plus native kernels. S
 Loading parses the host module (milliseconds) and loads the library: no re-trace, no
 lowering, no LLVM. `to_files` refuses (`NotStorable`) what cannot be rebuilt exactly that
 way: a program that is not a `CpuProgram` (the reference interpreter ran it instead).
+
+A compile worker makes the same files without building a program (`files`): the runtime
+(`abi`, `program`, which need torch) is imported only where a program is built or read,
+so the worker runs without torch.
 """
 
 from torch_mlir import ir
 
-from camlir.backends.cpu import abi, jit
-from camlir.backends.cpu.program import CpuProgram, torch_twins
-from camlir.backends.cpu.shapes import ShapeFunction
+from camlir.backends.cpu import jit
 from camlir.dialects.ca.ir_helpers import func_name, function_type, funcs, is_kernel, require_func
 
 FORMAT = 1
@@ -47,29 +49,46 @@ def host_text(module: ir.Module) -> str:
     return "module {\n" + "\n".join(parts) + "\n}\n"
 
 
+def files(host: str, library, perms, runtime_sizes: bool, shape_functions: dict, not_native: str,
+          compile_seconds: float, shared_kernels: dict) -> tuple:
+    """(files, meta) from a program's parts: the host module's text (`host_text`), the
+    kernels' linked library (bytes, or None without kernels), and what `meta` records."""
+    stored = {"host.mlir": host.encode()}
+    if library is not None:
+        stored["kernels.so"] = library
+    meta = {
+        "format": FORMAT,
+        "perms": [list(p) if p is not None else None for p in perms],
+        "dynamic": bool(runtime_sizes),  # the key of format 1
+        "shape_functions": dict(shape_functions),
+        "not_native": not_native,
+        "compile_seconds": compile_seconds,
+        "shared_kernels": dict(shared_kernels),
+    }
+    return stored, meta
+
+
 def to_files(program) -> tuple:
     """(files, meta) for `DiskStore.put`. Links the kernels' machine code (~0.2 s: the
     caller runs it off the critical path)."""
+    from camlir.backends.cpu.program import CpuProgram
+
     if not isinstance(program, CpuProgram) or getattr(program, "host_text", None) is None:
         raise NotStorable(f"a {type(program).__name__} is not native code")
-    files = {"host.mlir": program.host_text.encode()}
-    if program.engine is not None:
-        files["kernels.so"] = jit.shared_library(*jit.objects_of(program.engine))
-    meta = {
-        "format": FORMAT,
-        "perms": [list(p) if p is not None else None for p in program.arg_perms],
-        "dynamic": program.runtime_sizes,  # the key of format 1
-        "shape_functions": {name: k.shape_fn.source for name, k in program.kernels.items()
-                            if getattr(k, "shape_fn", None) is not None},
-        "not_native": getattr(program, "not_native", ""),
-        "compile_seconds": program.compile_seconds,
-        "shared_kernels": dict(getattr(program, "shared_kernels", {})),
-    }
-    return files, meta
+    library = jit.shared_library(*jit.objects_of(program.engine)) if program.engine is not None else None
+    shape_functions = {name: k.shape_fn.source for name, k in program.kernels.items()
+                       if getattr(k, "shape_fn", None) is not None}
+    return files(program.host_text, library, program.arg_perms, program.runtime_sizes, shape_functions,
+                 getattr(program, "not_native", ""), program.compile_seconds,
+                 getattr(program, "shared_kernels", {}))
 
 
-def from_files(entry, context: ir.Context) -> CpuProgram:
-    """The program `to_files` stored, rebuilt from a verified `disk_store.Entry`."""
+def from_files(entry, context: ir.Context):
+    """The `CpuProgram` `to_files` stored, rebuilt from a verified `disk_store.Entry`."""
+    from camlir.backends.cpu import abi
+    from camlir.backends.cpu.program import CpuProgram, torch_twins
+    from camlir.backends.cpu.shapes import ShapeFunction
+
     meta = entry.meta
     if meta.get("format") != FORMAT:
         raise ValueError(f"stored program format {meta.get('format')!r}, expected {FORMAT}")
