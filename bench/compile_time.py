@@ -11,6 +11,9 @@ own warm-up), then trains: forward and backward, step after step, until a backwa
 camlir's compiled program (at most `--max-seconds`). Modes:
 
 - `eager`: no camlir; the steps' peak RSS is the baseline;
+- `ca_eager`: no camlir, PyTorch's compiled autograd replaying its captured graph op by op:
+  its first backward is the capture's cost, its peak RSS what compiled autograd itself adds
+  (the floors under camlir's figures);
 - `inprocess`: `CAMLIR_COMPILE_WORKERS=0`, the compile in the training process (blocking,
   as before the compile service);
 - `service`: the default, compiles in worker processes while the backwards run eagerly.
@@ -35,7 +38,21 @@ _CHILD = r"""
 import json, resource, sys, time
 import torch
 mode = sys.argv[2]
-if mode != "eager":
+ca_eager = mode == "ca_eager"
+if ca_eager:  # PyTorch's compiled autograd, its graph replayed op by op: the capture's floor
+    from torch._dynamo import compiled_autograd
+    def replay(gm):
+        return gm
+    class scope:
+        @staticmethod
+        def __enter__():
+            scope.ctx = compiled_autograd._enable(replay)
+            scope.ctx.__enter__()
+        @staticmethod
+        def __exit__(*exc):
+            scope.ctx.__exit__(*exc)
+    mode = "eager_with_scope"
+if mode not in ("eager", "eager_with_scope"):
     import camlir
     scope = camlir.enable(backend="cpu")
     scope.__enter__()  # camlir on from the start: a compile worker starts importing now
@@ -46,15 +63,17 @@ w = workloads.build(sys.argv[1])
 rtol, atol, _ = workloads.TOLERANCE.get(sys.argv[1], (1e-3, 1e-4, 0))
 max_seconds = float(sys.argv[3])
 
+camlir_on = mode not in ("eager", "eager_with_scope")
+
 def step():
     w.model.zero_grad(set_to_none=True)
     loss = w.forward(w.model, w.inputs)
-    before = camlir.counters["while_compiling"] if mode != "eager" else 0
+    before = camlir.counters["while_compiling"] if camlir_on else 0
     loss.backward()
-    compiled = mode != "eager" and camlir.counters["while_compiling"] == before
+    compiled = camlir_on and camlir.counters["while_compiling"] == before
     return [p.grad for p in w.model.parameters() if p.grad is not None], compiled
 
-if mode != "eager":
+if camlir_on:
     scope.__exit__(None, None, None)  # the reference backward: the eager engine
 start = time.perf_counter()
 expected = [g.clone() for g in step()[0]]
@@ -71,20 +90,20 @@ while True:
     if compiled:
         serves = time.perf_counter() - start
         break
-    if mode == "eager" or time.perf_counter() - start > max_seconds:
+    if not camlir_on or time.perf_counter() - start > max_seconds:
         break
     got, compiled = step()
     steps += 1
 self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 children_mb = 0.0  # the live workers' peaks (VmHWM): RUSAGE_CHILDREN counts only exited ones
-if mode != "eager":
+if camlir_on:
     from camlir import compile_service
     service = compile_service.current()
     for pid in (service.workers() if service is not None else []):
         with open(f"/proc/{pid}/status") as f:
             children_mb += next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024
-counters = {} if mode == "eager" else dict(camlir.counters)
-if mode != "eager":
+counters = dict(camlir.counters) if camlir_on else {}
+if camlir_on:
     from camlir import disk_cache
     disk_cache.flush()
 print(json.dumps({"eager_first": eager_first, "first": first, "serves": serves, "steps": steps,
@@ -110,7 +129,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="Transformer,GPT2")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--modes", default="eager,inprocess,service")
+    parser.add_argument("--modes", default="eager,ca_eager,inprocess,service")
     parser.add_argument("--warm", action="store_true", help="also a second process on the filled cache")
     parser.add_argument("--max-seconds", type=float, default=120.0)
     args = parser.parse_args(argv)
@@ -121,7 +140,7 @@ def main(argv=None) -> dict:
             for mode in modes:
                 with tempfile.TemporaryDirectory(prefix="camlir-bench-cache-") as cache:
                     result = _one(workload, mode, cache, args.max_seconds)
-                    if args.warm and mode != "eager":
+                    if args.warm and mode not in ("eager", "ca_eager"):
                         result["warm"] = _one(workload, mode, cache, args.max_seconds)["first"]
                 rows.setdefault((workload, mode), []).append(result)
                 serves = "-" if result["serves"] is None else f"{result['serves']:.2f}"
