@@ -260,6 +260,7 @@ class Service:
     def __init__(self, size: int, timeout_s: float):
         self.size = max(1, size)
         self.timeout_s = timeout_s
+        self.pid = os.getpid()  # a forked child gets a service of its own (these threads are not there)
         self.broken: Optional[str] = None  # why no worker can run here (then nothing is submitted)
         self._lock = threading.Condition()
         self._queue: collections.deque = collections.deque()
@@ -333,6 +334,9 @@ class Service:
         for worker in self._workers:
             proc = worker.proc
             if proc is None:
+                continue
+            if worker.job is not None:  # mid-compile: its answer would come too late to use
+                worker.kill()
                 continue
             try:
                 proc.stdin.close()
@@ -430,6 +434,8 @@ def get(size: int, timeout_s: float) -> Service:
     """The process's service with `size` workers at most and `timeout_s` per compile (made
     on first use; a later call with other values updates them for new work)."""
     with _service_lock:
+        if _service and _service[0].pid != os.getpid():
+            _service.clear()  # inherited through fork: its threads and workers are the parent's
         if not _service:
             _service.append(Service(size, timeout_s))
             atexit.register(_close)
@@ -439,10 +445,11 @@ def get(size: int, timeout_s: float) -> Service:
 
 
 def current() -> Optional[Service]:
-    """The service if one was started, else None (never starts one)."""
-    return _service[0] if _service else None
+    """The service if one was started in this process, else None (never starts one)."""
+    return _service[0] if _service and _service[0].pid == os.getpid() else None
 
 
 def _close() -> None:
-    if _service:
-        _service[0].close()
+    service = current()
+    if service is not None:
+        service.close()

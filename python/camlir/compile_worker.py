@@ -24,6 +24,7 @@ make a compile outrun its timeout or kill a worker in the middle of one.
 
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -68,6 +69,7 @@ def handle(request: dict) -> dict:
 
 def main() -> int:
     """Serves requests until stdin closes; the exit status."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's; it ends us
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # print() and native writes to fd 1 land on stderr, never in the protocol
     sys.stdout = sys.stderr
