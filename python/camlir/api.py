@@ -16,8 +16,13 @@ from .stats import counters
 engine.set_compiler(compiled.CompiledBackward)
 
 
+_prestarted = [False]
+
+
 def _prestart_service():
-    if settings.in_use():  # camlir was switched on: a compile worker starts importing now
+    # Once: a loop that opens enable() around each backward switches camlir on every step.
+    if not _prestarted[0] and settings.in_use():  # camlir was switched on: a worker starts now
+        _prestarted[0] = True
         compiled.prestart_service()
 
 

@@ -10,6 +10,7 @@ import argparse
 import copy
 import os
 import tempfile
+import time
 
 import torch
 import torch.nn as nn
@@ -64,8 +65,12 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
         ref_opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x[idx]), y[idx])
+        before = camlir.counters["while_compiling"]
         with camlir.enable(backend=args.backend):
             loss.backward()
+        # The first backwards of a new graph run on PyTorch's engine while a worker compiles it
+        # (docs/compile-service.md); the program takes over at the first backward after.
+        ran = "eager, compiling in a worker" if camlir.counters["while_compiling"] > before else "compiled"
         F.cross_entropy(reference(x[idx]), y[idx]).backward()  # PyTorch's own engine
         for p, q in zip(model.parameters(), reference.parameters()):
             worst = max(worst, (p.grad - q.grad).abs().max().item())
@@ -73,9 +78,15 @@ def main(argv=None) -> int:
         opt.step()
         ref_opt.step()
         if step % 3 == 0 or step == args.steps - 1:
-            print(f"  step {step:3d}  loss {loss.item():.4f}")
+            print(f"  step {step:3d}  loss {loss.item():.4f}  ({ran})")
+        if step == 2 and camlir.counters["while_compiling"]:
+            start = time.perf_counter()
+            camlir.wait()  # a demo wants to see the program run; training loops need not wait
+            print(f"  (camlir.wait(): the program arrived {time.perf_counter() - start:.2f} s later; "
+                  f"the next steps run it)")
         losses.append(loss.item())
 
+    camlir.wait()  # a compile still in flight (few steps): its program, for what follows
     print(f"\nloss went from {losses[0]:.4f} to {losses[-1]:.4f}")
     print(f"gradients equal to PyTorch's eager engine at every step (max abs difference {worst:.2e})")
     graphs = camlir.captured_graphs()

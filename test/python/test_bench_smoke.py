@@ -40,10 +40,15 @@ def test_compile_time_w1():
         sys.path.insert(0, REPO)
     from bench import compile_time
 
-    times = compile_time.main(["--workloads", "W1", "--rounds", "1", "--workers", "0,1"])
-    assert set(times) == {("W1", "0"), ("W1", "1")}
-    for seconds in times.values():
-        assert len(seconds) == 1 and 0 < seconds[0] < 120
+    rows = compile_time.main(["--workloads", "W1", "--rounds", "1", "--modes", "inprocess,service",
+                              "--max-seconds", "60"])
+    assert set(rows) == {("W1", "inprocess"), ("W1", "service")}
+    for (_, mode), (result,) in rows.items():
+        assert 0 < result["first"] < 120
+        assert result["serves"] is not None and result["serves"] >= result["first"]  # a program ran
+        assert result["counters"]["compiles"] == 1 and result["counters"]["fallbacks"] == 0
+    assert rows[("W1", "inprocess")][0]["counters"]["while_compiling"] == 0
+    assert rows[("W1", "inprocess")][0]["children_mb"] == 0 < rows[("W1", "service")][0]["children_mb"]
 
 
 def test_memory_w1():

@@ -192,6 +192,27 @@ def test_workers_that_cannot_start_leave_compiles_in_this_process(monkeypatch):
         service.close()
 
 
+def test_an_idle_worker_ends_and_the_next_compile_starts_one(monkeypatch):
+    """A bad request is a stage failure answered by the worker (the driver's one policy
+    applies), not a dead worker; an idle worker's process ends after IDLE_S."""
+    monkeypatch.setattr(compile_service, "IDLE_S", 0.5)
+    service = compile_service.Service(1, 60.0)
+    try:
+        with pytest.raises(compile_service.CompileFailed) as failed:
+            service.submit({"backend": "cpu"}, "graph 1").result(60)
+        assert failed.value.kind == "KeyError"
+        (pid,) = service.workers()
+        deadline = time.monotonic() + 20
+        while service.workers():
+            assert time.monotonic() < deadline, "the idle worker did not end"
+            time.sleep(0.1)
+        with pytest.raises(compile_service.CompileFailed):
+            service.submit({"backend": "cpu"}, "graph 2").result(60)
+        assert service.workers() and service.workers()[0] != pid
+    finally:
+        service.close()
+
+
 def test_the_worker_stages_are_dumped_and_logged(service, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CAMLIR_DUMP_DIR", str(tmp_path))
     model, x = _model(6), torch.randn(3, 12)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import camlir
-from camlir import pipeline
+from camlir.capture import hook_trace
 from camlir.backends.cpu import compiler as cpu_compiler
 from camlir.compile_thread import run_apart
 
@@ -31,7 +31,7 @@ def test_run_apart_returns_raises_and_keeps_context_variables():
 
 def test_lowering_runs_apart_and_hooks_are_traced_in_the_backwards_thread(monkeypatch):
     seen = {}
-    for module, name in ((pipeline, "trace_hooks"), (cpu_compiler, "make_native")):
+    for module, name in ((hook_trace, "trace_hooks"), (cpu_compiler, "make_native")):
         original = getattr(module, name)
 
         def spy(*args, _name=name, _original=original, **kwargs):
