@@ -36,6 +36,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from camlir.pending_program import CompileAbandoned, PendingProgram
 from camlir.variant import Variant
 
 __all__ = ["Artifact", "Artifacts", "HookGuard", "RecompileLimitReached", "SizeVariants", "ValueGuard",
@@ -328,6 +329,18 @@ class SizeVariants:
 
     def _runtime_sized(self, key, args, hooks):
         done = self.runtime_sized
+        if done is not None and isinstance(done.program, PendingProgram):
+            try:  # compiling in a worker: it serves once it is there; its failure specializes
+                ready = done.program.resolve(wait=False)
+            except CompileAbandoned:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as a failure of the compile here
+                self._no_runtime_sizes(exc)
+                return None
+            if ready is None:
+                return done.program  # the driver runs PyTorch's graph for this call
+            done.program = ready
+            self._note(ready)
         if done is not None and (done.guard is None or done.guard.holds(hooks)):
             return done.program
         if done is None:
@@ -345,17 +358,21 @@ class SizeVariants:
         except RecompileLimitReached:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: specialise per size set instead
-            from camlir import logs
-
-            self.runtime_sizes_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-            logs.log.warning("camlir: no dynamic-size code for this graph (%s); each size set is "
-                             "compiled with its sizes as constants", self.runtime_sizes_error)
+            self._no_runtime_sizes(exc)
             return None
         self._note(program)
         self.runtime_sized = _Variant(program, guard)
         if self.stored is not None:
             self.stored.save("dynamic", program, guard)
         return program
+
+    def _no_runtime_sizes(self, exc: BaseException) -> None:
+        from camlir import logs
+
+        self.runtime_sizes_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        self.runtime_sized = None
+        logs.log.warning("camlir: no dynamic-size code for this graph (%s); each size set is "
+                         "compiled with its sizes as constants", self.runtime_sizes_error)
 
     def refuse_runtime_sizes(self, reason: str) -> None:
         """The program with runtime sizes refused a call (`errors.ProgramRefused`): from now
@@ -368,6 +385,8 @@ class SizeVariants:
                          "compiled with its sizes as constants from now on", reason)
 
     def _note(self, program) -> None:
+        if isinstance(program, PendingProgram):
+            return  # noted when it arrives (reading it now would wait for it)
         self.compile_seconds += getattr(program, "compile_seconds", 0.0)
         self.kernels.update(getattr(program, "kernels", {}))
         self.lowered_text = getattr(program, "lowered_text", self.lowered_text)

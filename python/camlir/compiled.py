@@ -150,7 +150,9 @@ class CompiledBackward:
             if isinstance(program, SizeVariants):
                 program = program.variant(args, hooks, runtime_sizes=settings.dynamic is not False)
             if isinstance(program, PendingProgram):
-                program = program.resolve(wait=bool(settings.fullgraph or settings.wait))
+                pending, program = program, program.resolve(wait=bool(settings.fullgraph or settings.wait))
+                if program is not None and artifact.program is pending:
+                    artifact.program = program  # arrived: later calls skip the pending object
         except (UnsupportedError, RecompileLimitReached) as exc:
             if settings.fullgraph:
                 raise UnsupportedError(str(exc)) from exc
@@ -371,13 +373,7 @@ class CompiledBackward:
             if artifact.hook_guard is not None and artifact.hook_guard.inlined:
                 return
 
-            def store_answer(job):  # on the service's thread, as soon as the worker answered
-                if job.error is None:
-                    files = dict(job.answer["files"], **{"ca.mlir": module_text.encode()})
-                    meta = dict(job.answer["meta"], guards=guards, not_native=program.not_native)
-                    disk_cache.put_later(key, lambda: (files, meta))
-
-            program.job.add_done_callback(store_answer)
+            _store_when_answered(program, key, {"ca.mlir": module_text.encode()}, {"guards": guards})
             return
         why = _not_storable(backend, program, artifact.hook_guard)
         if why:
@@ -417,12 +413,14 @@ class CompiledBackward:
             program, guard = pipeline.compile(backend, module, args, hooks, dump, variant, service=_service(backend))
             if isinstance(program, compile_service.Job):
                 if background:
-                    return self._deferred(program, backend, module, variant, args, hooks, dump, guard), guard
+                    return self._deferred(program, backend, module, variant, args, hooks, dump, guard,
+                                          interpret_on_failure), guard
 
                 def failed(exc):
                     raise exc
 
-                program = PendingProgram(program, backend, module.context, dump.label, failed).resolve(wait=True)
+                program = PendingProgram(program, backend, module.context, dump.label, failed,
+                                         run_here=pipeline.compile_apart).resolve(wait=True)
         except CompileAbandoned:
             raise
         except Exception as exc:  # noqa: BLE001 - any compile failure has the same remedy
@@ -451,9 +449,15 @@ class CompiledBackward:
         program.not_native = f"the {backend.name} backend could not compile it and interprets it ({headline})"
         return program, None
 
-    def _deferred(self, job, backend, module, variant, args, hooks, dump, guard) -> PendingProgram:
-        """The `PendingProgram` of a compile running in a worker while backwards go on."""
+    def _deferred(self, job, backend, module, variant, args, hooks, dump, guard,
+                  interpret_on_failure: bool = True) -> PendingProgram:
+        """The `PendingProgram` of a compile running in a worker while backwards go on. Its
+        failure resolves to the reference interpreter's program, or (`interpret_on_failure`
+        False: the variant with runtime sizes, which `SizeVariants` replaces by specialized
+        ones) is raised by `resolve`."""
         def on_failure(exc):
+            if not interpret_on_failure:
+                raise exc
             return self._interpreted(backend, module, variant, args, hooks, dump, exc)[0]
 
         def on_ready(program, answer):
@@ -462,7 +466,8 @@ class CompiledBackward:
                                        f"{seconds:.2f} s; the next backward runs it", "compile service",
                                        seconds=seconds))
 
-        pending = PendingProgram(job, backend, module.context, dump.label, on_failure, on_ready)
+        pending = PendingProgram(job, backend, module.context, dump.label, on_failure, on_ready,
+                                 run_here=pipeline.compile_apart)
         pending.not_native = self._not_native(module, guard)
         self._pending.append(pending)
         return pending
@@ -488,7 +493,9 @@ class CompiledBackward:
         shaped = sorted(pipeline.dynamic_shapes(module, list(inputs), len(inputs)))
 
         def build(variant, args, hooks, interpret_on_failure):
-            return self.build(backend, module, variant, args, hooks, interpret_on_failure)
+            settings = active_settings()
+            background = settings is not None and _may_defer(settings)
+            return self.build(backend, module, variant, args, hooks, interpret_on_failure, background=background)
 
         return SizeVariants(len(inputs), shaped, build, self.compiling, backend.runtime_sizes, stored)
 
@@ -548,6 +555,18 @@ def _may_defer(settings) -> bool:
     return not (distributed is not None and distributed.is_available() and distributed.is_initialized())
 
 
+def _store_when_answered(pending: PendingProgram, key: str, more_files: dict, more_meta: dict) -> None:
+    """Stores a background compile's files under `key` as soon as its worker answers (on
+    the service's thread, even if no backward resolves it before the process exits)."""
+    def store(job):
+        if job.error is None:
+            files = dict(job.answer["files"], **more_files)
+            meta = dict(job.answer["meta"], not_native=pending.not_native, **more_meta)
+            disk_cache.put_later(key, lambda: (files, meta))
+
+    pending.job.add_done_callback(store)
+
+
 def _files_of(backend, program) -> tuple:
     """(files, meta) of `program` for the disk cache: the compile worker's, for a program
     loaded from them (it has no engine to link again), else `backend.to_files`."""
@@ -593,10 +612,17 @@ class _Stored:
         return program, None
 
     def save(self, name: str, program, guard) -> None:
-        why = _not_storable(self.backend, program, guard)
-        if why or not disk_cache.enabled():
+        if not disk_cache.enabled():
             return
-        disk_cache.put_later(disk_cache.program_key(self.key, name), lambda: _files_of(self.backend, program))
+        key = disk_cache.program_key(self.key, name)
+        if isinstance(program, PendingProgram):
+            if guard is None or not guard.inlined:
+                _store_when_answered(program, key, {}, {})
+            return
+        why = _not_storable(self.backend, program, guard)
+        if why:
+            return
+        disk_cache.put_later(key, lambda: _files_of(self.backend, program))
 
 
 def _describe(values) -> str:

@@ -40,8 +40,9 @@ _lock = threading.Lock()
 class PendingProgram:
     """See the module docstring."""
 
-    def __init__(self, job, backend, context, label: str, on_failure, on_ready=None):
+    def __init__(self, job, backend, context, label: str, on_failure, on_ready=None, run_here=None):
         self.job = job
+        self._run_here = run_here  # fn(request) -> answer where no worker can run (pipeline.compile_apart)
         self.backend = backend
         self.context = context
         self.label = label
@@ -74,11 +75,11 @@ class PendingProgram:
                 try:
                     answer = self.job.result()
                 except compile_service.ServiceUnavailable as exc:
+                    if self._run_here is None:
+                        raise
                     logs.log.warning("camlir: %s: no compile worker can run here (%s); compiling in this "
                                      "process", self.label, exc)
-                    from camlir import pipeline  # only here: the service path never needs it
-
-                    answer = pipeline.compile_apart(self.job.request)
+                    answer = self._run_here(self.job.request)
                 _tell_logs(answer)
                 program = self._load(answer)
                 if self._on_ready is not None:
@@ -108,7 +109,7 @@ class PendingProgram:
         return program
 
     def _release(self) -> None:
-        self._on_failure = self._on_ready = None  # they hold the first call's tensors
+        self._on_failure = self._on_ready = self._run_here = None  # they hold the first call's tensors
         with _lock:
             _unresolved.discard(self)
 

@@ -192,6 +192,25 @@ def test_workers_that_cannot_start_leave_compiles_in_this_process(monkeypatch):
         service.close()
 
 
+def test_without_workers_the_driver_compiles_here(service, monkeypatch, caplog):
+    """Workers that cannot start: the backward's program is compiled in this process, with
+    one warning, and runs (eager's gradients, no fallback)."""
+    saved = list(compile_service._service)
+    monkeypatch.setattr(compile_service.sys, "executable", "/bin/false")
+    compile_service._service[:] = [compile_service.Service(1, 60.0)]
+    try:
+        model, x = _model(9), torch.randn(5, 12)
+        _check_steps(model, x, 1, camlir.enable())
+        assert camlir.wait(60)
+        before = camlir.counters["cache_hits"]
+        _check_steps(model, x, 2, camlir.enable())
+        assert camlir.counters["cache_hits"] - before == 2 and camlir.counters["fallbacks"] == 0
+        assert any("no compile worker can run here" in r.getMessage() for r in caplog.records)
+    finally:
+        compile_service._service[0].close()
+        compile_service._service[:] = saved
+
+
 def test_an_idle_worker_ends_and_the_next_compile_starts_one(monkeypatch):
     """A bad request is a stage failure answered by the worker (the driver's one policy
     applies), not a dead worker; an idle worker's process ends after IDLE_S."""
@@ -247,6 +266,34 @@ def test_a_background_compile_is_stored_for_the_next_process(service, monkeypatc
     assert second.returncode == 0, second.stderr
     assert "'compiles': 0" in second.stdout and "'disk_cache_hits': 1" in second.stdout
     assert "'while_compiling': 0" in second.stdout  # a disk hit runs compiled from the first backward
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_a_size_change_compiles_in_the_background_too(service, dynamic):
+    """New sizes (a symbolic capture's program with runtime sizes, or one per size set)
+    compile in a worker while those backwards run eagerly; every gradient is eager's."""
+    model = _model(8)
+    scope = camlir.enable(dynamic=dynamic)
+    x4, x6 = torch.randn(4, 12), torch.randn(6, 12)
+    _check_steps(model, x4, 2, scope)
+    assert camlir.wait(120)
+    _check_steps(model, x4, 1, scope)  # graph 1's program
+    before = dict(camlir.counters)
+    _check_steps(model, x6, 3, scope)  # new sizes: captured, compiled in a worker, run eagerly
+    assert camlir.counters["while_compiling"] - before["while_compiling"] == 3
+    assert camlir.counters["compiles"] == 2
+    assert camlir.wait(120)
+    before = dict(camlir.counters)
+    _check_steps(model, x6, 2, scope)
+    if dynamic is None:  # sizes 4 again: the program with runtime sizes (dynamic=False: a third compile)
+        _check_steps(model, x4, 1, scope)
+    assert camlir.counters["while_compiling"] == before["while_compiling"]  # compiled code ran
+    assert camlir.counters["cache_hits"] - before["cache_hits"] == (3 if dynamic is None else 2)
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["interpreted"] == 0
+    assert len(camlir.explain(kind="ready")) == 2
+    if dynamic is None:  # the program with runtime sizes serves a third size without compiling
+        _check_steps(model, torch.randn(9, 12), 1, scope)
+        assert camlir.counters["compiles"] == 2 and camlir.counters["while_compiling"] == before["while_compiling"]
 
 
 def test_a_training_loop_with_hooks_and_several_graphs_matches_eager(service):
