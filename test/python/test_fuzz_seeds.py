@@ -49,6 +49,23 @@ def _param(seed):
     return seed
 
 
+# Through the compile service as a training loop gets it by default (mode camlir_async: the
+# first step runs eagerly while a worker compiles, then camlir.wait(), then compiled steps).
+# 154: backward(retain_graph=True) of a torch.compile'd region while its program compiled
+# went to the eager engine, which refused it (donated buffers); such a backward is captured now.
+THROUGH_THE_SERVICE = [154, 100, 424, 606, 764]
+
+
+@pytest.mark.parametrize("seed", THROUGH_THE_SERVICE)
+def test_fuzz_seed_through_the_compile_service(seed, monkeypatch):
+    monkeypatch.setenv("CAMLIR_COMPILE_WORKERS", "1")
+    result = fuzz_programs.check(seed, modes=("camlir_async",))
+    bad = {mode: f"{r['class']}: {r['detail']}" for mode, r in result["modes"].items()
+           if r["class"] in ("WRONG", "CRASH")}
+    assert not bad, f"seed {seed} ({result['description']}): {bad}"
+    camlir.wait(120)
+
+
 @pytest.mark.parametrize("seed", [_param(s) for s in SEEDS])
 def test_fuzz_seed(seed):
     """Each seed's program gives eager's gradients through camlir, natively or by a fallback."""

@@ -235,12 +235,13 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
         return _original_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
 
-    if graph_choice.routes.shortcuts and inputs is None and not create_graph:
+    if graph_choice.routes.shortcuts and inputs is None and not create_graph and not retain_graph:
         route = _eager_by_shortcut(tensors)
         if route is not None:
             return _eager_now(call, route)
     roots = _tensors(tensors)
     return _run_to_end("backward()", call, create_graph, roots=roots, inputs=_tensors(inputs),
+                       keep_graph=bool(retain_graph) or bool(create_graph),
                        vmapped=lambda: _under_vmap(roots, _tensors(grad_tensors if grad_tensors is not None
                                                                    else grad_variables)))
 
@@ -252,8 +253,10 @@ def _camlir_grad_impl(*args, **kwargs):
         return _original_grad(*args, **kwargs)
     options = bound.arguments
     roots = _tensors(options.get("outputs"))
+    keep = options.get("retain_graph")
     return _run_to_end("torch.autograd.grad()", lambda: _original_grad(*args, **kwargs),
                        options.get("create_graph", False), options.get("is_grads_batched", False),
+                       keep_graph=bool(keep if keep is not None else options.get("create_graph", False)),
                        roots=roots, inputs=_tensors(options.get("inputs")),
                        vmapped=lambda: _under_vmap(roots, _tensors(options.get("grad_outputs"))))
 
@@ -293,7 +296,8 @@ def _tracing() -> bool:
 
 
 def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = False,
-         roots: tuple = (), inputs: tuple = (), vmapped: Callable[[], bool] = lambda: False):
+         roots: tuple = (), inputs: tuple = (), vmapped: Callable[[], bool] = lambda: False,
+         keep_graph: bool = False):
     """Runs `call` (the original backward or grad with the user's arguments) captured by
     camlir, or as plain PyTorch where camlir is off, inside a compiled backward, or where
     the call is one camlir cannot capture (`_not_capturable`; `vmapped()` says whether it
@@ -314,7 +318,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     settings = active_settings()
     route = None
     if (settings is not None and graph_choice.routes.shortcuts and not settings.fullgraph
-            and not (create_graph or batched)):
+            and not (create_graph or batched or keep_graph)):
         # Some structure is decided for the eager engine: route first, and where this is one,
         # go straight there (on W1 the checks below cost ~8 us of a ~45 us backward; vmap
         # needs no check, the eager engine handles it).
@@ -339,9 +343,12 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     start = profiling.clock() if profile is not None else None
     try:
         with _one_at_a_time:
-            if pending_program.any_unresolved() and not settings.fullgraph:
+            if pending_program.any_unresolved() and not settings.fullgraph and not keep_graph:
                 # Some program compiles in a worker: a backward of its structure runs on the
                 # eager engine, before any capture, until it is ready (compile_service.py).
+                # Not one that keeps the graph: the eager engine refuses retain_graph=True for
+                # a torch.compile'd region whose forward donated buffers, where compiled
+                # autograd's capture (which then runs its graph) does not (fuzz seed 154).
                 if route is None:
                     route = graph_choice.routes.for_backward(roots, inputs)
                 graph = route.pending
@@ -349,7 +356,8 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     if graph.compile_in_flight() and not settings.wait:
                         return _eager_while_compiling(call)
                     route.pending = None
-            routed = graph_choice.routes.awake and not settings.fullgraph
+            # A backward that keeps its graph is never sent to the eager engine (see above).
+            routed = graph_choice.routes.awake and not settings.fullgraph and not keep_graph
             if routed:
                 if route is None:
                     route = graph_choice.routes.for_backward(roots, inputs)
