@@ -372,7 +372,6 @@ class CompiledBackward:
         if isinstance(program, PendingProgram):
             if artifact.hook_guard is not None and artifact.hook_guard.inlined:
                 return
-
             _store_when_answered(program, key, {"ca.mlir": module_text.encode()}, {"guards": guards})
             return
         why = _not_storable(backend, program, artifact.hook_guard)
@@ -406,8 +405,8 @@ class CompiledBackward:
         With the compile service (`_service`), the backend's later stages run in a worker:
         with `background` the program is a `PendingProgram` at once (the same policy applies
         when it resolves), else this waits for it. A compile the service could not finish
-        (timed out, its worker died twice) raises `UnsupportedError`: not interpreted, since
-        the interpreter cannot answer what the compile never told."""
+        (timed out, its worker died twice) raises `CompileAbandoned` (an `UnsupportedError`):
+        the graph goes to PyTorch, exact and faster than the reference interpreter."""
         dump = dump or Dump.for_graph(self.capture_id, variant.label)
         try:
             program, guard = pipeline.compile(backend, module, args, hooks, dump, variant, service=_service(backend))

@@ -236,6 +236,7 @@ def _camlir_backward_impl(tensors, grad_tensors=None, retain_graph=None, create_
                                   inputs=inputs)
 
     if graph_choice.routes.shortcuts and inputs is None and not create_graph and not retain_graph:
+        # (a backward that keeps its graph goes through `_run`, which decides where it runs)
         route = _eager_by_shortcut(tensors)
         if route is not None:
             return _eager_now(call, route)
@@ -318,13 +319,13 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
     settings = active_settings()
     route = None
     if (settings is not None and graph_choice.routes.shortcuts and not settings.fullgraph
-            and not (create_graph or batched or keep_graph)):
+            and not (create_graph or batched)):
         # Some structure is decided for the eager engine: route first, and where this is one,
         # go straight there (on W1 the checks below cost ~8 us of a ~45 us backward; vmap
         # needs no check, the eager engine handles it).
         with _one_at_a_time:
             route = graph_choice.routes.for_backward(roots, inputs)
-            if route.decided == "eager":
+            if route.decided == "eager" and (route.final or not keep_graph):
                 return _eager_inside(call, route)
     reason = None if settings is None else _not_capturable(api, create_graph, batched, vmapped())
     if reason is not None:
@@ -356,8 +357,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                     if graph.compile_in_flight() and not settings.wait:
                         return _eager_while_compiling(call)
                     route.pending = None
-            # A backward that keeps its graph is never sent to the eager engine (see above).
-            routed = graph_choice.routes.awake and not settings.fullgraph and not keep_graph
+            routed = graph_choice.routes.awake and not settings.fullgraph
             if routed:
                 if route is None:
                     route = graph_choice.routes.for_backward(roots, inputs)
@@ -370,7 +370,12 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
                 else:
                     which, route.timing = "compiled", False
                 if which == "eager":
-                    return _eager(call, route)
+                    if route.final or not keep_graph:
+                        return _eager(call, route)
+                    # A backward that keeps its graph is not sent to the eager engine for speed
+                    # (see above): captured instead, and not timed. A structure that fell back
+                    # (`final`) still goes there: the eager engine's answer is the exact one.
+                    route.timing = False
             elif not settings.fullgraph and graph_choice.routes.tick_asleep() and _timed_choice():
                 graph_choice.routes.reopen_all()  # taken again next call (graph_choice.RECHECK)
             timed = route is not None and route.measuring()
