@@ -100,13 +100,19 @@ class CompiledBackward:
         self._first_call = True      # no program of this graph has run yet
         self._pending = []           # PendingPrograms of this graph not yet resolved
         self.ran_pending = False     # this call ran PyTorch's graph: its program is compiling
+        # (capture, camlir's preparation, run seconds, what ran) of the first call, for the
+        # engine's `backward` event; the capture: from the backward's start to here.
+        started = engine.capture_started()
+        self.capture_seconds = time.perf_counter() - started if started else 0.0
+        self.first_backward = None
+        self.first_backward_told = False
         _live.add(self)
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
         what, new = events.capture_cause(reasons)
         events.record(events.Event(self.capture_id, "capture", "; ".join(reasons) or "first backward",
-                                   what, new=new))
+                                   what, new=new, seconds=self.capture_seconds))
         if graph_choice.enabled():
             graph_choice.routes.wake()  # time this new structure against the eager engine
 
@@ -128,6 +134,7 @@ class CompiledBackward:
             raise RuntimeError(f"camlir: graph {self.capture_id} was released by camlir.reset() and cannot run")
         engine.running(self)  # from here on, an error is the backward's own (see engine._run)
         self.ran_pending = False
+        entered = time.perf_counter() if self.first_backward is None else 0.0
         settings = active_settings()
         if settings is None:  # the engine reused this graph after camlir was switched off
             return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
@@ -142,7 +149,11 @@ class CompiledBackward:
             if artifact is None:
                 artifact = self._from_disk(settings, inputs, sizes_, scalars, hooks)
             if artifact is None and self._unpacked is None and has_unpack_hooks(self.gm):
-                return self._learn_unpacked(inputs, sizes, scalars, hooks, packed_data)
+                ready = time.perf_counter()
+                results = self._learn_unpacked(inputs, sizes, scalars, hooks, packed_data)
+                if entered:
+                    self._first_timed(entered, ready, "PyTorch's graph, to see what its unpack hooks return")
+                return results
             if artifact is None:
                 artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
             args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
@@ -166,14 +177,22 @@ class CompiledBackward:
                 events.tell("fallback", capture_id=self.capture_id, reason=str(exc), gm=self.gm, inputs=inputs,
                             sizes=sizes, scalars=scalars, hooks=hooks, packed_data=packed_data,
                             unpacked=self._unpacked)
-            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+            ready = time.perf_counter()
+            results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+            if entered:
+                self._first_timed(entered, ready, "PyTorch's graph: camlir handed it back")
+            return results
         if program is None:
             # Its program is compiling in a worker: this call runs PyTorch's captured graph
             # (the capture has run; the eager engine cannot answer it any more) and later
             # ones the eager engine, before any capture (capture/engine.py), until it is ready.
             self.ran_pending = True
             counters["while_compiling"] += 1
-            return list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+            ready = time.perf_counter()
+            results = list(self.gm(inputs, sizes, scalars, hooks, packed_data))
+            if entered:
+                self._first_timed(entered, ready, "PyTorch's graph, while the program compiles in a worker")
+            return results
         if self._first_call:  # repro.py listens: it keeps first-call inputs when asked to
             self._first_call = False
             if events.listening("first_call"):
@@ -183,7 +202,7 @@ class CompiledBackward:
             # fullgraph: the whole backward is compiled code, or an error naming what is not.
             raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: {program.not_native}")
         profile = profiling.current()
-        start = time.perf_counter() if profile is not None else 0.0
+        start = time.perf_counter() if (profile is not None or entered) else 0.0
         with torch.no_grad():
             try:
                 results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
@@ -196,9 +215,15 @@ class CompiledBackward:
                 results = list(program(args, hooks, packed=packed_data) if packed_data else program(args, hooks))
         if profile is not None:
             profile.add_program(time.perf_counter() - start)
+        if entered:
+            self._first_timed(entered, start, "the compiled program")
         if counters["compiles"] == compiles_before:
             counters["cache_hits"] += 1
         return results
+
+    def _first_timed(self, entered: float, ready: float, ran: str) -> None:
+        """Keeps the first call's phases for the engine's `backward` event."""
+        self.first_backward = (self.capture_seconds, ready - entered, time.perf_counter() - ready, ran)
 
     def _learn_unpacked(self, inputs, sizes, scalars, hooks, packed_data) -> list:
         """A graph with saved-tensor unpack hooks (activation checkpointing): its first call

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from camlir import logs
 
-KINDS = ("capture", "compile", "ready", "disk_hit", "fallback", "recompile_limit", "choice")
+KINDS = ("capture", "compile", "ready", "disk_hit", "backward", "fallback", "recompile_limit", "choice")
 # A long training run with a recompiling graph must not grow memory without bound; the
 # oldest records go first (the recompile limit stops a storm long before this).
 MAX_EVENTS = 10_000
@@ -81,15 +81,21 @@ def explain(graph: Optional[int] = None, kind: Optional[str] = None) -> list:
     return [e for e in events if (graph is None or e.graph == graph) and (kind is None or e.kind == kind)]
 
 
+_COMPILING = ("compile", "ready", "disk_hit")  # the kinds whose seconds are camlir's compile work
+
+
 def explain_text(graph: Optional[int] = None) -> str:
-    """`explain()` as lines, with a total of compile seconds per graph."""
+    """`explain()` as lines, with per graph its compiles and the seconds they took (here and
+    in compile workers: `compile`, `ready` and `disk_hit` events); a graph's first backward,
+    phase by phase, is its `backward` event."""
     events = explain(graph)
     lines = [str(e) for e in events]
     totals: dict = {}
     for e in events:
-        totals[e.graph] = totals.get(e.graph, 0.0) + e.seconds
+        if e.graph:
+            totals[e.graph] = totals.get(e.graph, 0.0) + (e.seconds if e.kind in _COMPILING else 0.0)
     lines += [f"graph {g}: {sum(1 for e in events if e.graph == g and e.kind == 'compile')} compiles, "
-              f"{s:.3f} s in all" for g, s in sorted(totals.items())]
+              f"{s:.3f} s compiling" for g, s in sorted(totals.items())]
     return "\n".join(lines)
 
 

@@ -82,7 +82,7 @@ def test_backwards_run_eagerly_until_the_program_arrives(service):
     assert camlir.counters["eager_runs"] == before["eager_runs"]
     assert camlir.counters["compiles"] == 1 and camlir.counters["interpreted"] == 0
     kinds = [e.kind for e in camlir.explain(graph=1)]
-    assert kinds[:3] == ["capture", "compile", "ready"]
+    assert kinds[:4] == ["capture", "compile", "backward", "ready"]
 
 
 def test_wait_true_compiles_before_the_backward_runs(service):

@@ -100,9 +100,16 @@ def test_explain_records_captures_and_compiles_with_reasons():
         model(x).relu().sum().backward()
     events = camlir.explain()
     kinds = [(e.graph, e.kind) for e in events]
-    assert kinds == [(1, "capture"), (1, "compile"), (2, "capture"), (2, "compile")], kinds
-    assert events[2].what == "node ReluBackward0"
+    assert kinds == [(1, "capture"), (1, "compile"), (1, "backward"), (2, "capture"), (2, "compile"),
+                     (2, "backward")], kinds
+    assert events[3].what == "node ReluBackward0"
     assert events[1].what == "first call" and events[1].seconds > 0
+    # The first backward's phases add up to its wall time: PyTorch's capture, camlir's
+    # compile (within camlir's part), the run, the rest.
+    capture, compile_, backward = events[0], events[1], events[2]
+    assert 0 < capture.seconds and capture.seconds + compile_.seconds <= backward.seconds
+    parts = [float(x) for x in re.findall(r"(\d+\.\d+) s", backward.reason)]
+    assert abs(sum(parts[1:]) - parts[0]) < 0.003 and abs(parts[0] - backward.seconds) < 1e-3, backward.reason
     assert all(isinstance(e.as_dict(), dict) for e in events)
     assert "graph 2: 1 compiles" in camlir.explain_text()
     assert camlir.counters["cache_hits"] == 1

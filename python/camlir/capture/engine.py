@@ -63,6 +63,7 @@ class _ThreadState(threading.local):
         self.at_end: list = []
         self.graph = None
         self.capture_failed: Optional[str] = None
+        self.started = 0.0  # perf_counter() when this call's capture began (`capture_started`)
 
 
 _local = _ThreadState()
@@ -381,7 +382,12 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
             timed = route is not None and route.measuring()
             clock = time.perf_counter() if timed else 0.0
             _local.capture_failed = None
+            _local.started = started = time.perf_counter()
             result = _captured(call, settings)
+            graph = _local.graph
+            if graph is not None and graph.first_backward is not None and not graph.first_backward_told:
+                graph.first_backward_told = True
+                _tell_first_backward(graph, time.perf_counter() - started)
             if _local.capture_failed is not None and not settings.fullgraph:
                 # Its next capture would fail the same way (PyTorch's cache entry for it stays
                 # broken), after paying for the capture: send the structure to the eager engine.
@@ -470,6 +476,26 @@ def _eager(call: Callable, route):
     return result
 
 
+def capture_started() -> float:
+    """When the capture of the backward running on this thread began (`time.perf_counter()`;
+    0.0 outside one): the compiler function subtracts it to time PyTorch's capture."""
+    return _local.started
+
+
+def _tell_first_backward(graph, wall: float) -> None:
+    """The `backward` event of a graph's first backward: its wall time split into PyTorch's
+    capture, camlir's work before anything ran (re-trace, import, stages here, or a disk
+    load), the run (the program, or PyTorch's graph while it compiles), and the rest
+    (PyTorch's engine and compiled autograd's wrappers around them)."""
+    capture, prepare, run, ran = graph.first_backward
+    rest = max(0.0, wall - capture - prepare - run)
+    events.record(events.Event(
+        graph.capture_id, "backward",
+        f"first backward {wall:.3f} s: PyTorch's capture {capture:.3f} s, camlir {prepare:.3f} s (re-trace, "
+        f"import, the stages in this process, or the disk cache), running {run:.3f} s ({ran}), the rest "
+        f"{rest:.3f} s", "first call", seconds=wall))
+
+
 def _eager_while_compiling(call: Callable):
     """One backward on the eager engine while its structure's program compiles in a worker."""
     result = call()
@@ -526,7 +552,13 @@ def _decide(route, which: str, seconds: float) -> None:
     graph = route.graph
     events.record(events.Event(graph, "choice", route.reason, "speed", 1e3 * route.compiled_s, 1e3 * route.eager_s))
     if route.decided == "eager":
-        logs.log.info("camlir: graph %d %s", graph, route.reason)
+        if graph not in _warned_eager:  # once per graph: the recheck may decide so again
+            _warned_eager.add(graph)
+            logs.log.warning("camlir: graph %d %s; camlir measures it again after %d backwards "
+                             "(CAMLIR_GRAPH_CHOICE=0 keeps the compiled program)", graph, route.reason,
+                             graph_choice.RECHECK[0])
+        else:
+            logs.log.info("camlir: graph %d %s", graph, route.reason)
     else:
         graph_choice.routes.forget_shortcuts(route)  # decided again, the other way
     graph_choice.routes.settle()
@@ -606,6 +638,7 @@ def _not_capturable(api: str, create_graph: bool, batched: bool, vmapped: bool =
 
 
 _reported: set = set()  # fallback reasons already logged and recorded since the last reset
+_warned_eager: set = set()  # graphs whose move to the eager engine was warned about
 
 
 def _fall_back(reason: str, settings) -> None:
@@ -634,6 +667,7 @@ def reset() -> None:
     graph_choice.routes.clear()
     take_reasons()
     _reported.clear()
+    _warned_eager.clear()
 
 
 # Follow config.enabled and the enable() scopes from now on, and catch up with any change
