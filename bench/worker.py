@@ -201,6 +201,10 @@ class Worker:
     def prepare(self, warmup: int) -> dict:
         loss = self._loss()
         first_ns = self._with_camlir_info(lambda: self._backward(loss))
+        if self.variant.camlir is not None and hasattr(self.variant.camlir, "wait"):
+            # The first backward's program compiles in a worker (docs/compile-service.md): the
+            # bench times programs, so it waits for it (`first_s` is the first backward alone).
+            self.variant.camlir.wait()
         self.grads = {name: (None if p.grad is None else p.grad.detach().clone())
                       for name, p in self.workload.model.named_parameters()}
         if self.variant.camlir is not None and warmup > 1:
