@@ -371,7 +371,7 @@ class SizeVariants:
 
         self.runtime_sizes_error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
         self.runtime_sized = None
-        logs.log.warning("camlir: no dynamic-size code for this graph (%s); each size set is "
+        logs.log.warning("no dynamic-size code for this graph (%s); each size set is "
                          "compiled with its sizes as constants", self.runtime_sizes_error)
 
     def refuse_runtime_sizes(self, reason: str) -> None:
@@ -381,7 +381,7 @@ class SizeVariants:
 
         self.runtime_sizes_error = f"it refused a call: {reason}"
         self.runtime_sized = None
-        logs.log.warning("camlir: the dynamic-size program of this graph refused a call (%s); each size set is "
+        logs.log.warning("the dynamic-size program of this graph refused a call (%s); each size set is "
                          "compiled with its sizes as constants from now on", reason)
 
     def _note(self, program) -> None:

@@ -172,7 +172,7 @@ class CompiledBackward:
             graph_choice.routes.wake()  # so that later backwards of this structure run eagerly
             kind = "recompile_limit" if isinstance(exc, RecompileLimitReached) else "fallback"
             events.record(events.Event(self.capture_id, kind, str(exc)))
-            logs.log.warning("camlir: graph %d runs uncompiled from now on: %s", self.capture_id, exc)
+            logs.log.warning("graph %d runs uncompiled from now on: %s", self.capture_id, exc)
             if events.listening("fallback"):
                 events.tell("fallback", capture_id=self.capture_id, reason=str(exc), gm=self.gm, inputs=inputs,
                             sizes=sizes, scalars=scalars, hooks=hooks, packed_data=packed_data,
@@ -345,7 +345,7 @@ class CompiledBackward:
             else:
                 program = backend.from_files(entry, context)
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never a failure
-            logs.log.warning("camlir: disk cache entry %s could not be used (%s: %s); compiling instead",
+            logs.log.warning("disk cache entry %s could not be used (%s: %s); compiling instead",
                              key[:16], type(exc).__name__, exc)
             return None
         if not retraced.guards_hold(inputs, sizes) or not retraced.value_guard.holds(hooks):
@@ -385,7 +385,7 @@ class CompiledBackward:
         try:
             guards = disk_cache.guards_meta(artifact.retraced)
         except disk_cache.Unkeyable as exc:
-            logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, exc)
+            logs.log.debug("graph %d not stored on disk: %s", self.capture_id, exc)
             return
         program = artifact.program
         backend = registry.get(artifact.backend)
@@ -401,7 +401,7 @@ class CompiledBackward:
             return
         why = _not_storable(backend, program, artifact.hook_guard)
         if why:
-            logs.log.debug("camlir: graph %d not stored on disk: %s", self.capture_id, why)
+            logs.log.debug("graph %d not stored on disk: %s", self.capture_id, why)
             return
 
         def make_files():
@@ -464,7 +464,7 @@ class CompiledBackward:
             logs.log.info("%s compile failure of %s in full:\n%s", backend.name, dump.label, exc)
         counters["interpreted"] += 1
         headline = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-        logs.log.warning("camlir: the %s backend cannot compile %s (%s); it runs on the "
+        logs.log.warning("the %s backend cannot compile %s (%s); it runs on the "
                          "reference interpreter", backend.name, dump.label, headline)
         if events.listening("interpreted"):
             events.tell("interpreted", capture_id=self.capture_id, reason=headline, module=module, args=args,
@@ -630,7 +630,7 @@ class _Stored:
         try:
             program = self.backend.from_files(entry, self.context or make_context())
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
-            logs.log.warning("camlir: disk cache entry for %s could not be used (%s); compiling instead", name, exc)
+            logs.log.warning("disk cache entry for %s could not be used (%s); compiling instead", name, exc)
             return None
         self.owner._disk_hit(f"program for {name} loaded from the disk cache", start)
         return program, None

@@ -97,7 +97,7 @@ def install() -> None:
             if self._use_python_reducer and not self._delay_all_reduce_all_params:
                 self._camlir_reducer = BucketReducer(self)
             return
-        log.warning("camlir: a DistributedDataParallel with %s keeps DDP's C++ reducer, which compiled "
+        log.warning("a DistributedDataParallel with %s keeps DDP's C++ reducer, which compiled "
                     "autograd cannot run: its backwards run eagerly under camlir (correct, not compiled)",
                     reason)
         mode = torch._dynamo.config.optimize_ddp

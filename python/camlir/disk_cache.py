@@ -201,7 +201,7 @@ def graph_key(gm, inputs, sizes, scalars, hooks, backend: str, dynamic) -> Optio
             _hook_fingerprint(hook, h)
         return h.hexdigest()
     except Unkeyable as exc:
-        logs.log.debug("camlir: not using the disk cache for this graph: %s", exc)
+        logs.log.debug("not using the disk cache for this graph: %s", exc)
         return None
 
 
@@ -291,7 +291,7 @@ def put_later(key: str, make_files) -> None:
             files, meta = make_files()
             target.put(key, files, meta)
         except Exception as exc:  # noqa: BLE001 - a cache write must never break a backward
-            logs.log.info("camlir: not stored in the disk cache: %s: %s", type(exc).__name__, exc)
+            logs.log.info("not stored in the disk cache: %s: %s", type(exc).__name__, exc)
 
     with _writer_lock:
         if not _writer:

@@ -10,6 +10,10 @@ with `camlir.set_logs("graph,recompiles")`):
 - `perf`: profile every backward and log where the time went at exit (`camlir.profile()`).
 Everything goes through Python `logging` (logger `camlir`), so applications can route it;
 when a kind is switched on and the logger has no handler, one printing to stderr is added.
+Messages carry no "camlir:" of their own: where the application configured logging
+(`logging.basicConfig()`: `WARNING:camlir:graph 1 runs ...`) the logger's name says it once;
+where nothing is configured, warnings print as `camlir: graph 1 runs ...` (`_Unconfigured`,
+in place of logging's last resort, which prints the bare message).
 """
 
 import difflib
@@ -22,6 +26,31 @@ KINDS = ("graph", "verbose", "recompiles", "passes", "perf")
 log = logging.getLogger("camlir")
 _enabled: set = set()
 _handler = None
+
+
+class _Unconfigured(logging.Handler):
+    """Warnings and errors on stderr as `camlir: <message>`, only while nothing else shows
+    them: no other handler on camlir's logger and none on the root logger."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("camlir: %(message)s"))
+
+    def emit(self, record):
+        if logging.getLogger().handlers or any(h is not self for h in log.handlers):
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - as logging's own handlers: never raise from a log call
+            self.handleError(record)
+
+
+_UNCONFIGURED = _Unconfigured()
+log.addHandler(_UNCONFIGURED)
+
+
+def _own_handlers() -> list:
+    return [h for h in log.handlers if h is not _UNCONFIGURED]
 
 
 def set_logs(spec) -> None:
@@ -38,7 +67,7 @@ def set_logs(spec) -> None:
     if _enabled:
         if log.level == logging.NOTSET or log.level > logging.INFO:
             log.setLevel(logging.INFO)
-        if not log.handlers and _handler is None:
+        if not _own_handlers() and _handler is None:
             _handler = logging.StreamHandler(sys.stderr)
             _handler.setFormatter(logging.Formatter("[camlir] %(message)s"))
             log.addHandler(_handler)

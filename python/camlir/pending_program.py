@@ -77,7 +77,7 @@ class PendingProgram:
                 except compile_service.ServiceUnavailable as exc:
                     if self._run_here is None:
                         raise
-                    logs.log.warning("camlir: %s: no compile worker can run here (%s); compiling in this "
+                    logs.log.warning("%s: no compile worker can run here (%s); compiling in this "
                                      "process", self.label, exc)
                     answer = self._run_here(self.job.request)
                 _tell_logs(answer)

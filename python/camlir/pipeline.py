@@ -283,7 +283,7 @@ def linalg(work: Work) -> None:
     attrs = work.module.operation.attributes
     if "ca.host_ops" in attrs:
         for name in sorted({ir.StringAttr(a).value for a in ir.ArrayAttr(attrs["ca.host_ops"])}):
-            logs.log.info("camlir: %s: %s cannot be lowered; kept on the host, run through torch", work.dump.label, name)
+            logs.log.info("%s: %s cannot be lowered; kept on the host, run through torch", work.dump.label, name)
     if work.expected_effects is not None:  # None: no layouts stage ran (drawing.py)
         effects.check(work.expected_effects, effects.in_module(work.module), f"{work.dump.label}, stage 'linalg'")
     work.lowered_text = str(work.module)

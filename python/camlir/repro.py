@@ -243,10 +243,10 @@ def _write_failure(directory: str, make_call) -> None:
                 if os.path.exists(os.path.join(directory, name)):
                     os.remove(os.path.join(directory, name))
         _write(directory, call, "identity")
-        logs.log.warning("camlir: wrote a repro of graph %d to %s (run: python %s)", call.capture_id,
+        logs.log.warning("wrote a repro of graph %d to %s (run: python %s)", call.capture_id,
                          directory, os.path.join(directory, "repro.py"))
     except Exception as exc:  # noqa: BLE001 - a repro must never break the backward
-        logs.log.warning("camlir: could not write a repro to %s: %s: %s", directory, type(exc).__name__, exc)
+        logs.log.warning("could not write a repro to %s: %s: %s", directory, type(exc).__name__, exc)
         if os.path.isdir(directory) and not os.listdir(directory):
             shutil.rmtree(directory, ignore_errors=True)
 

@@ -215,7 +215,7 @@ def _capture_failed(exc: BaseException, settings) -> None:
     events.record(events.Event(0, "fallback", reason, "capture"))
     if reason not in _reported:  # once per reason: a graph whose capture fails, fails every step
         _reported.add(reason)
-        logs.log.warning("camlir: %s", reason)
+        logs.log.warning("%s", reason)
 
 
 def _ddp_cpp_reducer_fallback() -> None:
@@ -225,7 +225,7 @@ def _ddp_cpp_reducer_fallback() -> None:
     if not _warned_cpp_reducer:
         _warned_cpp_reducer.append(True)
         logging.getLogger("camlir").warning(
-            "camlir: a DistributedDataParallel module uses its C++ reducer, which compiled autograd "
+            "a DistributedDataParallel module uses its C++ reducer, which compiled autograd "
             "cannot run; its backwards run eagerly (correct, not compiled). Build DDP after "
             "`import camlir` (camlir selects DDP's Python reducer, see camlir/ddp.py) to compile them.")
 
@@ -554,11 +554,11 @@ def _decide(route, which: str, seconds: float) -> None:
     if route.decided == "eager":
         if graph not in _warned_eager:  # once per graph: the recheck may decide so again
             _warned_eager.add(graph)
-            logs.log.warning("camlir: graph %d %s; camlir measures it again after %d backwards "
+            logs.log.warning("graph %d %s; camlir measures it again after %d backwards "
                              "(CAMLIR_GRAPH_CHOICE=0 keeps the compiled program)", graph, route.reason,
                              graph_choice.RECHECK[0])
         else:
-            logs.log.info("camlir: graph %d %s", graph, route.reason)
+            logs.log.info("graph %d %s", graph, route.reason)
     else:
         graph_choice.routes.forget_shortcuts(route)  # decided again, the other way
     graph_choice.routes.settle()
@@ -617,7 +617,7 @@ def _ended(failed: bool) -> None:
                 try:
                     fn(True)
                 except Exception:  # noqa: BLE001 - the backward's own error is the one to raise
-                    logs.log.exception("camlir: an end-of-backward callback failed after the backward failed")
+                    logs.log.exception("an end-of-backward callback failed after the backward failed")
             callbacks, _local.at_end = _local.at_end, []
     finally:
         _local.keep_callbacks = keep
@@ -650,7 +650,7 @@ def _fall_back(reason: str, settings) -> None:
     if reason not in _reported:
         _reported.add(reason)
         events.record(events.Event(0, "fallback", reason, "call"))
-        logs.log.warning("camlir: %s", reason)
+        logs.log.warning("%s", reason)
 
 
 # camlir's capture and compile machinery must never be traced by Dynamo (dynamo_off.py): the

@@ -86,7 +86,7 @@ class KernelChoice:
         self.native_s, self.torch_s = native_s, torch_s
         if torch_s < MARGIN * native_s:
             self.chosen, self._run = "torch", self._torch
-            logs.log.info("camlir: %skernel @%s runs through torch: %.3f ms per call against %.3f ms native",
+            logs.log.info("%skernel @%s runs through torch: %.3f ms per call against %.3f ms native",
                           f"{self.label}, " if self.label else "", self.name, 1e3 * torch_s, 1e3 * native_s)
         else:
             self.chosen, self._run = "native", self._native

@@ -191,7 +191,7 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
         run_stage("llvm", trial, _to_llvm(trial), dump)
         return trial
     except StageError as exc:
-        logs.log.info("camlir: %s: vectorized loops refused (%s); using scalar loops", dump.label, exc)
+        logs.log.info("%s: vectorized loops refused (%s); using scalar loops", dump.label, exc)
     dump.previous = start  # the scalar loops start again from the blas stage's module
     run_stage("loops", kernel_module, _SCALAR_LOOPS, dump)
     run_stage("llvm", kernel_module, _to_llvm(kernel_module), dump)

@@ -177,7 +177,7 @@ def compile_kernels(module: ir.Module, workers: Optional[int] = None):
             libraries.append(SharedKernels(shared_library(obj)))
             objects.append(obj)
         except (WorkerError, LinkError, OSError) as exc:
-            logging.getLogger("camlir").info("camlir: a codegen worker failed (%s); compiling its part here", exc)
+            logging.getLogger("camlir").info("a codegen worker failed (%s); compiling its part here", exc)
             engine = jit(part)
             _force_codegen(engine, part)
             libraries.append(engine)
@@ -203,7 +203,7 @@ def compile_objects(module: ir.Module, workers: Optional[int] = None) -> list:
         try:
             objects.append(worker.result())
         except (WorkerError, OSError) as exc:
-            logging.getLogger("camlir").info("camlir: a codegen worker failed (%s); compiling its part here", exc)
+            logging.getLogger("camlir").info("a codegen worker failed (%s); compiling its part here", exc)
             objects.append(compile_to_object(text))
     return objects
 

@@ -60,7 +60,7 @@ def apply() -> bool:
     if "malloc" in (environment.raw("GLIBC_TUNABLES") or ""):
         user.append("GLIBC_TUNABLES")
     if user:
-        logs.log.info("camlir: malloc left as configured (%s set)", ", ".join(user))
+        logs.log.info("malloc left as configured (%s set)", ", ".join(user))
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -73,7 +73,7 @@ def apply() -> bool:
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     _state["applied"] = ok
     if ok:
-        logs.log.info("camlir: malloc keeps buffers under %d MB on its heap and up to %d MB free at its "
+        logs.log.info("malloc keeps buffers under %d MB on its heap and up to %d MB free at its "
                       "top (CAMLIR_MALLOC_TUNING=0 turns this off; docs/speed.md)",
                       MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20)
     return ok
