@@ -223,3 +223,21 @@ def test_an_unknown_log_kind_is_skipped_and_the_others_apply():
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "['recompiles']", done.stdout + done.stderr
     assert "skipping unknown kind(s) 'grpah' (did you mean 'graph'?)" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("setup, expected", [
+    ("", "camlir: graph 7 runs uncompiled from now on: why\n"),                   # nothing configured
+    ("import logging; logging.basicConfig()\n", "WARNING:camlir:graph 7 runs uncompiled from now on: why\n"),
+])
+def test_a_warning_says_camlir_once(setup, expected):
+    # issue 31, point 6: "WARNING:camlir:camlir: ..." under logging.basicConfig().
+    import os
+    import subprocess
+    import sys
+
+    script = setup + "from camlir import logs; logs.log.warning('graph %d runs uncompiled from now on: %s', 7, 'why')"
+    env = dict(os.environ)
+    env.pop("CAMLIR_LOGS", None)
+    env.pop("CA_LOGS", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stderr == expected, done.stderr
