@@ -6,7 +6,7 @@ compiles every captured graph with it; the engine itself never imports the compi
 
 import torch
 
-from . import compiled, ddp, pending_program, settings
+from . import compiled, ddp, logs, pending_program, settings
 from . import backend_registry as registry
 from . import repro  # noqa: F401 - listens to the driver (events.listen): repros, kept inputs
 from .capture import engine
@@ -14,6 +14,7 @@ from .settings import Settings, config, scoped  # noqa: F401 - config is re-expo
 from .stats import counters
 
 engine.set_compiler(compiled.CompiledBackward)
+logs.follow_torch_logs()  # torch has read TORCH_LOGS by now
 
 
 _prestarted = [False]

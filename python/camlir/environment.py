@@ -146,6 +146,10 @@ VARIABLES = (
     Variable("MALLOC_MMAP_THRESHOLD_", (), None, "external", "Same as `MALLOC_TRIM_THRESHOLD_`."),
     Variable("MALLOC_TOP_PAD_", (), None, "external", "Same as `MALLOC_TRIM_THRESHOLD_`."),
     Variable("MALLOC_MMAP_MAX_", (), None, "external", "Same as `MALLOC_TRIM_THRESHOLD_`."),
+    Variable("TORCH_LOGS", (), None, "external",
+             "PyTorch's logging switch. `TORCH_LOGS=camlir` (or `+camlir` for debug) puts PyTorch's "
+             "handler and format on camlir's logger; camlir then keeps its records from reaching the "
+             "root logger too, so each line prints once."),
 )
 
 BY_NAME = {v.name: v for v in VARIABLES}

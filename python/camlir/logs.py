@@ -53,6 +53,17 @@ def _own_handlers() -> list:
     return [h for h in log.handlers if h is not _UNCONFIGURED]
 
 
+def follow_torch_logs() -> None:
+    """`TORCH_LOGS=camlir`: PyTorch put its handler (its format, its level) on camlir's
+    logger, and each record also reached the root logger's handler once one was set (every
+    line printed twice). As PyTorch does for its own loggers, records stop at camlir's
+    logger then. Called here and when the API loads (torch, which reads TORCH_LOGS, is
+    imported by then)."""
+    names = [n.strip().lstrip("+-") for n in (environment.raw("TORCH_LOGS") or "").split(",")]
+    if "camlir" in names and _own_handlers():
+        log.propagate = False
+
+
 def set_logs(spec) -> None:
     """`spec`: a comma-separated string or an iterable of kinds; empty switches all off."""
     global _handler
@@ -100,3 +111,4 @@ def set_from_environment() -> None:
                     ", ".join(KINDS))
 
 set_from_environment()
+follow_torch_logs()

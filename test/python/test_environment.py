@@ -241,3 +241,19 @@ def test_a_warning_says_camlir_once(setup, expected):
     env.pop("CA_LOGS", None)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert done.stderr == expected, done.stderr
+
+
+def test_torch_logs_camlir_prints_each_line_once():
+    # issue 31, point 6: with TORCH_LOGS=camlir every line came out twice (PyTorch's handler
+    # on camlir's logger, and the root logger's once something had set one).
+    import os
+    import subprocess
+    import sys
+
+    script = ("import logging, torch, camlir.api; logging.basicConfig(); "
+              "from camlir import logs; logs.log.warning('graph %d: once', 3)")
+    env = dict(os.environ, TORCH_LOGS="camlir")
+    env.pop("CAMLIR_LOGS", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    lines = [line for line in done.stderr.splitlines() if "graph 3: once" in line]
+    assert len(lines) == 1, done.stderr
