@@ -242,7 +242,7 @@ class CompiledBackward:
         """The gate every compile of this graph goes through: refuses past
         `config.recompile_limit` (raising `RecompileLimitReached` with every reason so far),
         else runs `build()`, counts it, and records it with what it cost."""
-        self._check_limit(reason)
+        self._check_limit(reason, new)
         start = time.perf_counter()
         result = build()
         seconds = time.perf_counter() - start + self._pending_seconds
@@ -253,13 +253,14 @@ class CompiledBackward:
         events.record(events.Event(self.capture_id, "compile", reason, what, old, new, seconds))
         return result
 
-    def _check_limit(self, reason: str) -> None:
+    def _check_limit(self, reason: str, new=None) -> None:
         limit = config.recompile_limit
         if self.compiles >= limit:
-            reasons = "; ".join(self.compile_log + [reason])
+            refused = reason if new is None else f"{reason} {new}"  # with its sizes, as the others
             raise RecompileLimitReached(
                 f"graph {self.capture_id} reached camlir.config.recompile_limit={limit} compiles (raise "
-                f"the limit, or enable(dynamic=True)); their reasons: {reasons}")
+                f"the limit, or enable(dynamic=True)); their reasons: {'; '.join(self.compile_log)}; "
+                f"the one refused: {refused}")
 
     def _log_miss(self, reason: str) -> None:
         what = "hooks" if reason.startswith("hook") else "scalars" if reason.startswith("scalar") else "ctx value"

@@ -69,6 +69,9 @@ def test_recompile_limit_warns_once_and_runs_uncompiled(caplog):
     assert len(graph2) == 3
     [limit] = camlir.explain(kind="recompile_limit")
     assert limit.graph == 2 and "recompile_limit=3" in limit.reason and "new sizes" in limit.reason
+    # every reason with its sizes, the refused one too (it was cut off: "...; new sizes")
+    refused = limit.reason.split("the one refused: ")[1]
+    assert re.fullmatch(r"new sizes \[\d+(, \d+)*\]", refused), limit.reason
     assert caplog.text.count("runs uncompiled from now on") == 1
     assert camlir.counters["fallbacks"] == 1
     assert camlir.counters["compiles"] == 1 + 3
