@@ -253,11 +253,14 @@ def test_processes_sharing_the_directory_at_once(tmp_path):
     script.write_text(_SCRIPT.replace("SCALE_IN_CODE", "4.0"))
     procs = [subprocess.Popen([sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errors = []
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
+        errors.append(err[-1500:])
     again = _process(tmp_path, 4.0)
-    assert again["compiles"] == 0, again
+    entries = sorted(os.listdir(tmp_path / "cache")) if (tmp_path / "cache").exists() else []
+    assert again["compiles"] == 0, (again, entries, errors)
 
 
 def test_the_vector_width_is_part_of_the_key(tmp_path, monkeypatch):
