@@ -11,7 +11,7 @@ the files `to_files` made there): a finished background compile and a warm start
 code path. Where the stages failed in the worker, `on_failure(error)` gives what runs
 instead (the driver's one fallback policy: the reference interpreter), as it would have for
 a failure here. Where the service could not finish the compile (it timed out, its worker
-died twice), `resolve` raises `UnsupportedError` naming the graph and why, and the driver
+died twice), `resolve` raises `CompileAbandoned` (an `UnsupportedError`) naming the graph and why, and the driver
 hands the graph to PyTorch. Where no worker can start at all, the stages run here
 (`pipeline.compile_apart`, blocking), with the same answer.
 
@@ -92,7 +92,12 @@ class PendingProgram:
             except Exception as exc:  # noqa: BLE001 - a stage failed, there or here: the one policy
                 if isinstance(exc, compile_service.CompileFailed):
                     _tell_logs(self.job.answer or {})
-                program = self._on_failure(exc)
+                try:
+                    program = self._on_failure(exc)
+                except BaseException as failure:  # it raises (the caller decides): raised again later too
+                    self._error = failure
+                    self._release()
+                    raise
             self._program = program
             self._release()
             return program
@@ -150,6 +155,6 @@ def wait_all(timeout=None) -> bool:
     for pending in unresolved():
         try:
             pending.resolve(wait=True)
-        except UnsupportedError:
+        except Exception:  # noqa: BLE001 - said and handled where its graph runs next
             pass
     return True

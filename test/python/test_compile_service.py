@@ -168,6 +168,14 @@ def test_a_stage_failure_in_the_worker_takes_the_one_fallback_policy():
     pending = pending_program.PendingProgram(failed, None, None, "graph 9", lambda exc: seen.append(exc) or "interp")
     assert pending.resolve(wait=False) == "interp" and pending.resolve(wait=False) == "interp"
     assert isinstance(seen[0], compile_service.CompileFailed) and seen[0].stage == "loops" and len(seen) == 1
+    def refuse(exc):  # the runtime-size variant's policy: its failure is raised, SizeVariants specializes
+        raise exc
+
+    pending = pending_program.PendingProgram(failed, None, None, "graph 9", refuse)
+    for _ in range(2):
+        with pytest.raises(compile_service.CompileFailed):
+            pending.resolve(wait=False)
+    assert pending not in pending_program.unresolved()  # settled: no backward keys its route for it
     died = compile_service.Job({}, "graph 10")
     died._finish(error=compile_service.WorkerDied("graph 10: its compile worker died twice"))
     pending = pending_program.PendingProgram(died, None, None, "graph 10", lambda exc: "never")
