@@ -35,7 +35,7 @@ def main(argv=None) -> None:
         loss = w.forward(w.model, w.inputs)
         start = time.perf_counter()
         if use_camlir:
-            with camlir.enable(backend="cpu"):
+            with camlir.enable(backend="cpu", wait=True):
                 loss.backward()
         else:
             loss.backward()

@@ -34,12 +34,12 @@ report("import camlir")
 import torch_mlir.ir
 report("import torch_mlir")
 loss = w.forward(w.model, w.inputs)
-with camlir.enable(backend="cpu"):
+with camlir.enable(backend="cpu", wait=True):
     loss.backward()
 report("camlir's first backward")
 for _ in range(3):
     loss = w.forward(w.model, w.inputs)
-    with camlir.enable(backend="cpu"):
+    with camlir.enable(backend="cpu", wait=True):
         loss.backward()
 report("three more")
 """

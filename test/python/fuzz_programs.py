@@ -1588,7 +1588,7 @@ if __name__ == "__main__":
         for step in range({program.steps}):
             torch.manual_seed({program.seed * 1000} + step + 1)
             X = make_inputs()
-            with (camlir.enable(backend={BACKEND_OF[mode]!r}) if enabled else torch.enable_grad()):
+            with (camlir.enable(backend={BACKEND_OF[mode]!r}, wait=True) if enabled else torch.enable_grad()):
                 R = train_step(P, M, X, step)
             grads = {{n: p.grad.clone() for n, p in P.items() if p.grad is not None}}
             grads.update({{n: t.grad.clone() for n, t in R.items() if t.grad is not None}})

@@ -39,7 +39,9 @@ def eager_and_camlir(make_model, make_inputs, loss_fn, steps=1, backend=None, **
         loss_fn(model, *inputs).backward()
         eager.append(grads_of(list(model.parameters()) + [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]))
         torch.manual_seed(7)
-        with camlir.enable(backend=backend or _BACKEND[0], **enable_kwargs):
+        # wait=True: every backward runs camlir's program, also where the compile service is
+        # on (outside pytest, whose conftest compiles in-process)
+        with camlir.enable(backend=backend or _BACKEND[0], **dict({"wait": True}, **enable_kwargs)):
             loss_fn(twin, *twin_inputs).backward()
         ours.append(grads_of(list(twin.parameters()) + [i for i in twin_inputs if isinstance(i, torch.Tensor) and i.requires_grad]))
     return eager, ours

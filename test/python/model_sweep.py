@@ -562,7 +562,7 @@ def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
             with _forward_context(autocast):
                 loss2 = twin(**kwargs).loss
             t0 = time.perf_counter()
-            with camlir.enable(backend=backend):
+            with camlir.enable(backend=backend, wait=True):
                 loss2.backward()
             camlir_times.append(time.perf_counter() - t0)
         except Exception as err:
@@ -626,7 +626,7 @@ def run_built(name, model, inputs, backend="cpu", steps=STEPS, train_step=True,
                     raise EagerFailed(f"forward: {type(err).__name__}: {err}") from err
                 t0 = time.perf_counter()
                 if side == "camlir":
-                    with camlir.enable(backend=backend):
+                    with camlir.enable(backend=backend, wait=True):
                         loss.backward()
                 else:
                     try:

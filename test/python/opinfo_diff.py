@@ -155,7 +155,7 @@ def weighted_backward(outs, weights=None, backend=None):
     if backend is None:
         loss.backward()
     else:
-        with camlir.enable(backend=backend):
+        with camlir.enable(backend=backend, wait=True):
             loss.backward()
     return weights
 

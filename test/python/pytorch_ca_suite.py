@@ -15,7 +15,9 @@ machine. The tests the file itself lists as failing under compiled autograd (rep
 How camlir is put in place of Inductor: every `torch._dynamo.compiled_autograd._enable(fn)`
 the tests open (directly, through `check_output_and_recompiles`, or through
 `config.compiled_autograd=True` + `torch.compile`) is replaced by a camlir scope
-(`camlir.enable(backend=...)`), exactly what a user writes: each backward inside runs under
+(`camlir.enable(backend=..., wait=True)`: each new graph's backward waits for its program,
+so the tests' counters and results are camlir's compiled code, not the eager engine's while
+a worker compiles), what a user writes: each backward inside runs under
 PyTorch's compiled autograd with camlir's compiler function, so every graph captured goes
 through `compiled.CompiledBackward`, and what camlir leaves to PyTorch (create_graph=True)
 runs eagerly. The test's compiler function (and any check it does on the graph) is not
@@ -88,7 +90,7 @@ def _install_camlir(backend):
             return
         # Only camlir's own scope: each backward then runs the way camlir.enable() runs it
         # for users (what camlir leaves to PyTorch, e.g. create_graph=True, runs eagerly).
-        with camlir.enable(backend=backend):
+        with camlir.enable(backend=backend, wait=True):
             yield
 
     ca._enable = camlir_enable
