@@ -292,8 +292,8 @@ class Service:
     def submit(self, request: dict, label: str) -> Job:
         job = Job(request, label)
         with self._lock:
-            if self.broken is not None:
-                job._finish(error=ServiceUnavailable(self.broken))
+            if self.broken is not None or self._closed:
+                job._finish(error=ServiceUnavailable(self.broken or "the compile service closed"))
                 return job
             self._jobs.add(job)
             self._queue.append(job)
@@ -368,7 +368,7 @@ class Service:
             self._idle += 1
             try:
                 idle_since = time.monotonic()
-                while not self._queue:
+                while not self._queue or self._closed:
                     if self._closed:
                         return None
                     self._lock.wait(IDLE_S / 4)
@@ -394,6 +394,8 @@ class Service:
         if job.timed_out:
             error = CompileTimeout(f"{job.label}: the compile ran past camlir.config.compile_timeout_s="
                                    f"{self.timeout_s:g} s; its worker was killed")
+        elif self._closed:
+            error = ServiceUnavailable("the compile service closed")
         elif job.attempts < 2:
             with self._lock:  # once more, on the replacement, ahead of the others
                 self._queue.appendleft(job)
