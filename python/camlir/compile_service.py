@@ -257,7 +257,10 @@ class _Worker:
             proc.stdin.close()
             proc.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
+            try:
+                proc.kill()
+            except OSError:
+                pass
 
     def kill(self) -> None:
         """SIGKILLs the process (the watchdog; tests): its thread sees the pipe close."""
@@ -347,17 +350,10 @@ class Service:
             self._queue.clear()
             self._lock.notify_all()
         for worker in self._workers:
-            proc = worker.proc
-            if proc is None:
-                continue
             if worker.job is not None:  # mid-compile: its answer would come too late to use
                 worker.kill()
-                continue
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                worker.kill()
+            else:
+                worker.end()
 
     # ------------------------------------------------------------ asked by the workers' threads
 
