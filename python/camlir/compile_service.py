@@ -228,6 +228,15 @@ class _Worker:
                 answer = receive(self.proc.stdout)
             except (OSError, EOFError, pickle.UnpicklingError, ValueError):
                 answer = None  # it died: `_reap` gets its exit status
+            except Exception as exc:  # noqa: BLE001 - e.g. a request that does not pickle
+                # This thread must go on serving, and no job may stay unfinished (a waiting
+                # backward would wait for ever): the job fails, the process (its protocol
+                # state unknown) is replaced.
+                self.job = None
+                self._reap()
+                self.service._fail(job, ServiceError(f"{job.label}: the compile service failed: "
+                                                     f"{type(exc).__name__}: {exc}"))
+                continue
             self.job = None
             if answer is not None:
                 self.service._finished(job, answer)

@@ -219,6 +219,19 @@ def test_without_workers_the_driver_compiles_here(service, monkeypatch, caplog):
         compile_service._service[:] = saved
 
 
+def test_a_request_that_does_not_pickle_fails_its_job_and_the_service_goes_on():
+    """No job may stay unfinished (a waiting backward would wait for ever)."""
+    service = compile_service.Service(1, 60.0)
+    try:
+        with pytest.raises(compile_service.ServiceError, match="the compile service failed"):
+            service.submit({"backend": "cpu", "bad": lambda: None}, "graph 1").result(60)
+        with pytest.raises(compile_service.CompileFailed):  # the next one is served
+            service.submit({"backend": "cpu"}, "graph 2").result(60)
+        assert service.in_flight() == 0
+    finally:
+        service.close()
+
+
 def test_an_idle_worker_ends_and_the_next_compile_starts_one(monkeypatch):
     """A bad request is a stage failure answered by the worker (the driver's one policy
     applies), not a dead worker; an idle worker's process ends after IDLE_S."""

@@ -416,6 +416,7 @@ def _run(api: str, call: Callable, create_graph: bool = False, batched: bool = F
             return result
     finally:
         _local.inside = False
+        _local.started = 0.0  # a CompiledBackward made outside a capture times none
         if profile is not None:
             profile.add_backward(start)
 
