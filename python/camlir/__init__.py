@@ -7,6 +7,22 @@
     camlir.config.enabled = True             # every backward in the process
     camlir.explain()                         # why each capture and compile happened
 
+The public API (`help(camlir.<name>)` for each one's arguments, values and an example):
+- `enable(backend, fullgraph, dynamic, wait)`: backwards in a scope (or decorated function)
+  run through camlir; `config`: the same settings process-wide (`config.enabled = True`);
+- `compile_backward(loss, ...)`: one backward through camlir, waiting for its program;
+- `wait(timeout)`: block until every compile in flight is loaded;
+- `explain(graph, kind)`, `explain_text(graph)`: why each capture, compile, fallback and
+  recompile happened, with timings; `counters`: the running totals;
+- `profile()`: where each backward's time goes (`.table()`);
+- `captured_graphs()`, `compiled_programs()`, `summarize(text)`, `draw(path)`: the captured
+  `ca` modules, the compiled programs, what a module holds, an SVG of a graph;
+- `save_repro(directory)`: a standalone repro of a captured backward;
+- `set_logs(spec)`: log kinds, as `CAMLIR_LOGS`; `make_context()`: an MLIR context that reads
+  camlir's IR; `reset()`, `clear_disk_cache()`: forget what is in memory, on disk;
+- `UnsupportedError`: what `fullgraph=True` raises instead of falling back.
+Environment variables: docs/environment.md; every doc: docs/README.md.
+
 The PyTorch-facing API is loaded on first use, so the MLIR tools (`ca-opt`) start without
 importing torch.
 """

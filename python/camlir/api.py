@@ -36,7 +36,9 @@ ddp.install()  # DistributedDataParallel modules built from now on use the Pytho
 def compile_backward(loss, gradient=None, *, retain_graph=False, backend=None, fullgraph=None):
     """Runs `loss.backward(gradient, retain_graph=...)` through camlir; grads land in `.grad`.
 
-    `backend=None` means `camlir.config.backend`; `fullgraph=True` raises
+    `loss`: the tensor to differentiate (a scalar, or any shape with `gradient`, a tensor of
+    its shape, as in `Tensor.backward`); `retain_graph`: keep the graph for another
+    backward. `backend=None` means `camlir.config.backend`; `fullgraph=True` raises
     `camlir.UnsupportedError` instead of falling back to PyTorch (the values of both as in
     `enable`). It waits for a new graph's program (`enable(wait=True)`): this backward runs
     compiled code.
@@ -110,15 +112,24 @@ def wait(timeout=None) -> bool:
 
 def clear_disk_cache() -> int:
     """Empties the disk cache (`CAMLIR_CACHE_DIR`, or the per-user default); returns how many
-    entries it removed. The same from a shell: `python -m camlir.disk_store clear`."""
+    entries it removed. No arguments. The same from a shell: `python -m camlir.disk_store
+    clear`. `camlir.config.disk_cache = False` (or `CAMLIR_DISK_CACHE=0`) stops using it.
+
+        removed = camlir.clear_disk_cache()   # e.g. 3
+    """
     from . import disk_cache
 
     return disk_cache.clear()
 
 
 def reset() -> None:
-    """Clears the counters and every in-memory cache (captured graphs, compiled artifacts).
-    The disk cache stays: `clear_disk_cache()` empties it."""
+    """Clears the counters, the events of `explain()` and every in-memory cache (captured
+    graphs, compiled artifacts, routes), so the next backward of each graph is captured
+    again. No arguments. The disk cache stays: `clear_disk_cache()` empties it.
+
+        camlir.reset()
+        assert camlir.counters["compiles"] == 0
+    """
     engine.reset()
     compiled.forget_graphs()
     counters.clear()

@@ -62,14 +62,26 @@ def forget_graphs() -> None:
 
 
 def captured_graphs() -> list:
-    """The `ca` modules compiled since the last reset, as (capture id, module text)."""
+    """The `ca` modules compiled since the last `camlir.reset()`, as a list of
+    (capture id, module text) pairs, oldest first; the text is the captured backward as
+    `ca-opt` reads it. No arguments.
+
+        camlir.compile_backward(model(x).sum())
+        graph_id, text = camlir.captured_graphs()[-1]
+        print(text)                     # func.func @backward(...) with ca.node regions
+    """
     return [(capture_id, str(artifact.module)) for capture_id, artifact in _compiled]
 
 
 def compiled_programs() -> list:
-    """(capture id, backend, program) for every artifact compiled since the last reset.
-    A cpu program has `kernels` (name -> compiled kernel), `lowered_text` (the module after
-    the linalg stage) and `compile_seconds`."""
+    """(capture id, backend name, program) for every artifact compiled since the last
+    `camlir.reset()`, oldest first. No arguments. A cpu program has `kernels` (name ->
+    compiled kernel), `lowered_text` (the module after the linalg stage) and
+    `compile_seconds`.
+
+        for graph_id, backend, program in camlir.compiled_programs():
+            print(graph_id, backend, sorted(getattr(program, "kernels", {})))
+    """
     return [(capture_id, artifact.backend, artifact.program) for capture_id, artifact in _compiled]
 
 

@@ -17,9 +17,11 @@ from camlir.dialects.ca import load_into
 
 
 def make_context() -> ir.Context:
-    """A new MLIR context with upstream, torch, torch_c and `ca` dialects loaded.
+    """A new MLIR context with upstream, torch, torch_c and `ca` dialects loaded. No
+    arguments. `ir.Module.parse(text, make_context())` then reads any camlir IR or stage dump.
 
-    `ir.Module.parse(text, make_context())` then reads any camlir IR or stage dump.
+        from torch_mlir import ir
+        module = ir.Module.parse(open("dump/graph1/00-import.mlir").read(), camlir.make_context())
     """
     ctx = ir.Context()
     torch_dialect.register_dialect(ctx)

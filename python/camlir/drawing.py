@@ -343,10 +343,14 @@ def _legend(pic: Picture, colors: dict) -> list:
 # --------------------------------------------------------------------------- entry points
 
 def draw(path: str, graph=None) -> str:
-    """Writes an SVG of captured backward `graph` (a capture id; default the most recently
-    compiled one) to `path`: its autograd nodes, which native kernels their ops went into,
-    which stayed host ops or Python hooks, where gradients accumulate, AOT regions dashed.
-    Returns `path`."""
+    """Writes an SVG of captured backward `graph` (a capture id as in `explain()`; None, the
+    default, is the most recently compiled one) to `path`: its autograd nodes, which native
+    kernels their ops went into, which stayed host ops or Python hooks, where gradients
+    accumulate, AOT regions dashed. Returns `path`; a ValueError when nothing was captured.
+
+        camlir.compile_backward(model(x).sum())
+        camlir.draw("backward.svg")
+    """
     graphs = compiled.captured_graphs()
     programs = compiled.compiled_programs()
     if not graphs:

@@ -13,4 +13,9 @@ class UnsupportedError(RuntimeError):
     The message names the autograd node or op that could not be handled. Without
     `fullgraph`, the same situation falls back to PyTorch (logged, counted in
     `camlir.counters["fallbacks"]`) and gradients stay correct.
+
+        try:
+            camlir.compile_backward(loss, fullgraph=True)
+        except camlir.UnsupportedError as error:
+            print(error)                # names the node, op or hook
     """

@@ -75,7 +75,14 @@ def record(event: Event) -> Event:
 
 
 def explain(graph: Optional[int] = None, kind: Optional[str] = None) -> list:
-    """The events since the last `camlir.reset()`, oldest first; `graph` and `kind` filter."""
+    """The events since the last `camlir.reset()`, oldest first, as `Event`s (`graph`: the
+    capture id; `kind`: one of `KINDS`; `reason`; `what`, `old`, `new`: what changed;
+    `seconds`). `graph` (a capture id) and `kind` (e.g. "compile", "fallback",
+    "recompile") keep only the matching ones; None keeps all.
+
+        for event in camlir.explain(kind="fallback"):
+            print(event)                # graph 3: fallback: ...
+    """
     with _lock:
         events = list(_events)
     return [e for e in events if (graph is None or e.graph == graph) and (kind is None or e.kind == kind)]
@@ -87,7 +94,10 @@ _COMPILING = ("compile", "ready", "disk_hit")  # the kinds whose seconds are cam
 def explain_text(graph: Optional[int] = None) -> str:
     """`explain()` as lines, with per graph its compiles and the seconds they took (here and
     in compile workers: `compile`, `ready` and `disk_hit` events); a graph's first backward,
-    phase by phase, is its `backward` event."""
+    phase by phase, is its `backward` event. `graph` (a capture id) keeps one graph's lines.
+
+        print(camlir.explain_text())
+    """
     events = explain(graph)
     lines = [str(e) for e in events]
     totals: dict = {}

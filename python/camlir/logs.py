@@ -65,7 +65,16 @@ def follow_torch_logs() -> None:
 
 
 def set_logs(spec) -> None:
-    """`spec`: a comma-separated string or an iterable of kinds; empty switches all off."""
+    """Switches camlir's log kinds on, as `CAMLIR_LOGS` does (`CA_LOGS` too): `spec` is a
+    comma-separated string or an iterable of kinds from `KINDS` ("graph": each captured
+    `ca` module; "verbose": also the module after every stage; "passes": the IR after every
+    pass, on stderr; "recompiles": why each capture and compile happened; "perf": where the
+    time went, at exit). Empty switches all off;
+    an unknown kind is a ValueError that lists the known ones.
+
+        camlir.set_logs("graph,recompiles")
+        camlir.set_logs("")             # all off
+    """
     global _handler
     kinds = [k.strip() for k in (spec.split(",") if isinstance(spec, str) else spec or ()) if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]

@@ -113,7 +113,12 @@ def save_repro(directory: str, graph=None, hooks: str = "refuse") -> str:
     interpreter and compares them. Needs the graph's first-call arguments, kept only while
     `camlir.repro.keep_inputs` is True (`CAMLIR_REPRO=1`). A graph with Python hooks is
     refused (`ReproError`) unless `hooks="identity"` (each replaced by a no-op hook, with a
-    warning). Returns the path of `repro.py`."""
+    warning). Returns the path of `repro.py`.
+
+        camlir.repro.keep_inputs = True
+        camlir.compile_backward(model(x).sum())
+        camlir.save_repro("repro_dir")          # then: python repro_dir/repro.py
+    """
     if hooks not in ("refuse", "identity"):
         raise ValueError(f"hooks must be 'refuse' or 'identity', not {hooks!r}")
     if not _kept:

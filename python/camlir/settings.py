@@ -55,6 +55,10 @@ class Config:
     `dynamic`: None (the default) compiles the first sizes a graph sees as constants, and
     once they change, one program with dynamic sizes for all later ones; True compiles with
     dynamic sizes from the first backward; False compiles every new size set as constants.
+
+        camlir.config.enabled = True        # every backward in the process, from now on
+        camlir.config.recompile_limit = 4
+        camlir.config.wait = True           # the first backward waits for its program
     """
 
     SETTINGS = ("enabled", "backend", "fullgraph", "dynamic", "recompile_limit", "disk_cache", "wait",

@@ -5,8 +5,14 @@ import re
 
 
 def summarize(module_text: str) -> dict:
-    """Counts what a captured backward holds: autograd nodes (by name), hooks (by kind),
-    accumulations into `.grad`, lifted sizes, Python call-backs, and aten ops."""
+    """Counts what a captured backward holds, from `module_text`, its `ca` module (as
+    `captured_graphs()` gives it): a dict with `nodes`, `node_names` (name -> count),
+    `aot_nodes`, `hooks` (kind -> count), `accumulate_grad`, `sizes` (lifted sizes),
+    `python_callbacks` and `aten_ops`.
+
+        graph_id, text = camlir.captured_graphs()[-1]
+        camlir.summarize(text)["accumulate_grad"]      # e.g. 2 for one Linear
+    """
     nodes = collections.Counter(re.findall(r'node = "([^"]+)"', module_text))
     aot = len(re.findall(r"\baot = \d+", module_text))
     hooks = collections.Counter(re.findall(r'kind = "([a-z_]+)"', module_text))

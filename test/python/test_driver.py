@@ -197,3 +197,27 @@ def test_the_public_api_is_listed_and_explains_itself():
                          (type(camlir.counters), ("cache_hits", "interpreted", "eager_runs"))):
         for word in words:
             assert word in (value.__doc__ or ""), (value, word)
+
+
+def test_every_public_name_has_its_help_and_an_example():
+    # issue 31, point 4: help(camlir) showed only __getattr__ (the API loads lazily), and most
+    # public functions said neither their arguments' values nor how to call them.
+    import pydoc
+    import re
+
+    overview = pydoc.render_doc(camlir, renderer=pydoc.plaintext)
+    for name in camlir.__all__:
+        assert f"`{name}" in overview, f"help(camlir) does not mention {name}"
+        value = getattr(camlir, name)
+        doc = (value.__doc__ if callable(value) else type(value).__doc__) or ""
+        # an example: an indented code line that calls camlir or uses what it returned
+        example = [line for line in doc.splitlines() if re.match(r"\s{8,}\S", line) and
+                   ("camlir." in line or "(" in line)]
+        assert example, f"help(camlir.{name}) has no example"
+        if callable(value) and not isinstance(value, type):
+            import inspect
+
+            for parameter in inspect.signature(value).parameters:
+                if parameter not in ("args", "kwargs"):
+                    assert f"`{parameter}`" in doc or f"{parameter}=" in doc or f"{parameter}:" in doc, \
+                        f"help(camlir.{name}) does not say what `{parameter}` takes"
