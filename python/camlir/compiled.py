@@ -30,7 +30,7 @@ from torch_mlir import ir
 from . import compile_service, disk_cache, effects, environment, events, graph_choice, logs, pipeline, profiling
 from . import backend_registry as registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
-from .capture import engine
+from .capture import engine, miss_reasons, tensor_names
 from .capture.hook_trace import TRACED_KINDS
 from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_unpacked
 from .context import make_context
@@ -85,6 +85,15 @@ def compiled_programs() -> list:
     return [(capture_id, artifact.backend, artifact.program) for capture_id, artifact in _compiled]
 
 
+def input_names(capture_id: int) -> dict:
+    """{input index: module path} for captured backward `capture_id`'s parameters and
+    buffers ("2.bias"); {} when the graph is gone or none of its inputs has a name."""
+    for graph in list(_live):
+        if graph.capture_id == capture_id:
+            return graph.input_names()
+    return {}
+
+
 # Every CompiledBackward not yet released. PyTorch's compiled-autograd cache keeps each
 # compiled function it was handed after `clear_cache()` (torch 2.13: the (runtime wrapper,
 # compiled function) pair stays referenced from C++), so a graph's programs, MLIR context
@@ -118,15 +127,28 @@ class CompiledBackward:
         self.capture_seconds = time.perf_counter() - started if started else 0.0
         self.first_backward = None
         self.first_backward_told = False
+        self.leaves = None  # the parameters among the inputs, named on request (`input_names`)
         _live.add(self)
         counters["captures"] += 1
         _capture_count[0] += 1
         self.capture_id = _capture_count[0]
-        what, new = events.capture_cause(reasons)
-        events.record(events.Event(self.capture_id, "capture", "; ".join(reasons) or "first backward",
-                                   what, new=new, seconds=self.capture_seconds))
+        what, _ = miss_reasons.cause(reasons)  # (which sizes changed: in the sentence)
+        events.record(events.Event(self.capture_id, "capture",
+                                   "; ".join(miss_reasons.explained(r) for r in reasons) or "first backward",
+                                   what, seconds=self.capture_seconds))
         if graph_choice.enabled():
             graph_choice.routes.wake()  # time this new structure against the eager engine
+
+    def input_names(self) -> dict:
+        """{input index: module path} of the parameters and buffers among this graph's
+        inputs (`%arg8` is "2.bias"); found on the first request (tensor_names.py)."""
+        return self.leaves.names() if self.leaves is not None else {}
+
+    def names_note(self) -> str:
+        """"; %arg3 is 0.weight, %arg8 is 2.bias" for the graph log, or ""."""
+        names = self.input_names()
+        return "".join(f"; %arg{i} is {name}" if n == 0 else f", %arg{i} is {name}"
+                       for n, (i, name) in enumerate(sorted(names.items())))
 
     def release(self) -> None:
         """Drops what this graph holds (its programs, modules, captured graph): `camlir.reset()`
@@ -146,6 +168,8 @@ class CompiledBackward:
             raise RuntimeError(f"camlir: graph {self.capture_id} was released by camlir.reset() and cannot run")
         engine.running(self)  # from here on, an error is the backward's own (see engine._run)
         self.ran_pending = False
+        if self.leaves is None:  # once per graph: weak references only (tensor_names.py)
+            self.leaves = tensor_names.Leaves(inputs)
         entered = time.perf_counter() if self.first_backward is None else 0.0
         settings = active_settings()
         if settings is None:  # the engine reused this graph after camlir was switched off
@@ -308,8 +332,8 @@ class CompiledBackward:
             raise UnsupportedError(f"importing the backward into the ca dialect failed: {exc}") from exc
         text = str(module)
         if logs.enabled("graph"):
-            logs.log.info("captured backward graph %d (%s):\n%s", self.capture_id,
-                          "symbolic sizes" if retraced.symbolic else "static sizes", text)
+            logs.log.info("captured backward graph %d (%s%s):\n%s", self.capture_id,
+                          "symbolic sizes" if retraced.symbolic else "static sizes", self.names_note(), text)
         if logs.enabled("verbose"):
             logs.log.info("inputs of graph %d: %s", self.capture_id, _describe(inputs))
         self._pending_seconds = time.perf_counter() - start
@@ -377,8 +401,9 @@ class CompiledBackward:
         module, and `CAMLIR_LOGS=verbose` / `CAMLIR_DUMP_DIR` get that module as the import
         stage plus a note that no later stage ran here (they used to go silent)."""
         if logs.enabled("graph"):
-            logs.log.info("captured backward graph %d (%s; its program came from the disk cache):\n%s",
-                          self.capture_id, "symbolic sizes" if symbolic else "static sizes", module)
+            logs.log.info("captured backward graph %d (%s%s; its program came from the disk cache):\n%s",
+                          self.capture_id, "symbolic sizes" if symbolic else "static sizes", self.names_note(),
+                          module)
         dump = Dump.for_graph(self.capture_id)
         if dump.directory or logs.enabled("verbose"):
             dump("import", module)

@@ -75,12 +75,14 @@ class Picture:
     loose_host_ops: list = field(default_factory=list)  # host ops no node claims
 
 
-def picture(module_text: str, lowered_text=None, title: str = "captured backward", source: str = "") -> Picture:
+def picture(module_text: str, lowered_text=None, title: str = "captured backward", source: str = "",
+            names=None) -> Picture:
     """The picture of a `ca` module (text). `lowered_text`: the module after the linalg
-    stage (`program.lowered_text`); None runs the kernels and linalg stages on a copy."""
+    stage (`program.lowered_text`); None runs the kernels and linalg stages on a copy.
+    `names`: {argument number: name} ("2.bias") for the tensors accumulated into."""
     context = make_context()
     module = ir.Module.parse(module_text, context)
-    items, edges = _flow(module)
+    items, edges = _flow(module, names or {})
     if lowered_text is None:
         lowered_text, source = _lower(module_text, context)
     kernels, loose = [], []
@@ -91,7 +93,7 @@ def picture(module_text: str, lowered_text=None, title: str = "captured backward
     return Picture(items, edges, kernels, source or "kernels of the compiled cpu program", title, loose)
 
 
-def _flow(module) -> tuple:
+def _flow(module, names: dict) -> tuple:
     """The boxes of `@backward` and the edges between them (through any op in between)."""
     block = require_func(module, "backward").regions[0].blocks[0]
     items, owner = {}, {}
@@ -110,7 +112,11 @@ def _flow(module) -> tuple:
             item = Item(f"p{i}", "call", f"Python call {ir.StringAttr(attrs['callee']).value}", python=True)
         elif op.name == "ca.accumulate_grad":
             arg = op.operands[0]
-            what = f"arg{ir.BlockArgument(arg).arg_number}" if isinstance(arg, ir.BlockArgument) else "a tensor"
+            if isinstance(arg, ir.BlockArgument):
+                number = ir.BlockArgument(arg).arg_number
+                what = names.get(number, f"arg{number}")
+            else:
+                what = "a tensor"
             shape = re.search(r"<\[([^\]]*)\]", str(arg.type))
             item = Item(f"a{i}", "accumulate", "accumulate_grad",
                         detail=f".grad of {what}" + (f" [{shape.group(1)}]" if shape else ""))
@@ -290,7 +296,7 @@ def to_svg(pic: Picture) -> str:
            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="monospace" font-size="11">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>',
-           f'<rect width="100%" height="100%" fill="white"/>',
+           '<rect width="100%" height="100%" fill="white"/>',
            f'<text class="title" x="{MARGIN}" y="{MARGIN + 12}" font-size="14" font-weight="bold">'
            f'{escape(pic.title)}</text>',
            f'<text class="subtitle" x="{MARGIN}" y="{MARGIN + 30}">{escape(pic.source)}</text>']
@@ -362,7 +368,8 @@ def draw(path: str, graph=None) -> str:
     _, backend, program = programs[chosen[-1]]
     lowered = getattr(program, "lowered_text", "") or None
     source = f"{backend} program: kernels of the compiled program" if lowered else ""
-    pic = picture(text, lowered, f"camlir: captured backward graph {capture_id} ({backend} backend)", source)
+    pic = picture(text, lowered, f"camlir: captured backward graph {capture_id} ({backend} backend)", source,
+                  compiled.input_names(capture_id))
     with open(path, "w") as f:
         f.write(to_svg(pic))
     return path
@@ -376,15 +383,32 @@ def main(argv=None) -> int:
     parser.add_argument("--lowered", help="the same graph after the linalg stage (NN-linalg.mlir); "
                                           "default: run the kernels and linalg stages here")
     args = parser.parse_args(argv)
-    with open(args.module) as f:
-        text = f.read()
-    lowered = None
-    if args.lowered:
-        with open(args.lowered) as f:
-            lowered = f.read()
-    pic = picture(text, lowered, f"camlir: {args.module}", f"kernels from {args.lowered}" if lowered else "")
-    with open(args.output, "w") as f:
-        f.write(to_svg(pic))
+    try:
+        with open(args.module) as f:
+            text = f.read()
+        lowered = None
+        if args.lowered:
+            with open(args.lowered) as f:
+                lowered = f.read()
+    except OSError as exc:
+        print(f"python -m camlir.drawing: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        pic = picture(text, lowered, f"camlir: {args.module}", f"kernels from {args.lowered}" if lowered else "")
+    except ir.MLIRError as exc:  # the parser's own diagnostics, with the file in place of "-"
+        detail = str(exc).replace('"-":', f"{args.module}:")
+        print(f"python -m camlir.drawing: {args.module} is not a ca module camlir can read: {detail}",
+              file=sys.stderr)
+        return 1
+    except ValueError as exc:  # parsed, but not a captured backward (no @backward, ...)
+        print(f"python -m camlir.drawing: {args.module}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with open(args.output, "w") as f:
+            f.write(to_svg(pic))
+    except OSError as exc:
+        print(f"python -m camlir.drawing: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
     print(f"wrote {args.output}: {sum(it.kind == 'node' for it in pic.items.values())} autograd nodes, "
           f"{len(pic.kernels)} kernels")
     return 0

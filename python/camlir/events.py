@@ -15,7 +15,6 @@ capture code could too, without a cycle.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -54,7 +53,12 @@ class Event:
         return asdict(self)
 
     def __str__(self) -> str:
-        change = f" ({self.old!r} -> {self.new!r})" if self.old is not None or self.new is not None else ""
+        if self.old is not None and self.new is not None:
+            change = f" ({self.old!r} -> {self.new!r})"
+        elif self.old is not None or self.new is not None:  # one side only: no "None ->"
+            change = f" ({self.new!r})" if self.old is None else f" (was {self.old!r})"
+        else:
+            change = ""
         cost = f", {self.seconds:.3f} s" if self.seconds else ""
         return f"graph {self.graph}: {self.kind}: {self.reason}{change}{cost}"
 
@@ -147,19 +151,3 @@ def tell(kind: str, **details) -> None:
         callback(**details)
 
 
-_NEW_NODE = re.compile(r"new autograd node: (.+?) \(NodeCall")
-
-
-def capture_cause(messages: list) -> tuple:
-    """(what, new) of compiled autograd's cache-miss messages, for a capture `Event`:
-    `("node ReluBackward0", None)`, `("sizes", "sizes[0], sizes[3]")` (which sizes
-    changed), or `("first call", None)` when there are none."""
-    for message in messages:
-        m = _NEW_NODE.search(message)
-        if m:
-            return f"node {m.group(1)}", None
-        if "changed" in message:
-            return "sizes", message.split(":", 1)[1].strip() if ":" in message else None
-    if messages:
-        return "other", None
-    return "first call", None

@@ -128,7 +128,7 @@ def test_recompiles_log_prints_each_event():
         _sin_step(20, dynamic=False)
     text = "\n".join(messages)
     assert "graph 1: capture:" in text and "graph 1: compile: first backward" in text
-    assert "graph 2: capture: Cache miss due to" in text and "graph 2: compile: new sizes" in text
+    assert "graph 2: capture: sizes changed:" in text and "graph 2: compile: new sizes" in text
 
 
 def test_hook_change_is_a_recompile_with_its_reason():

@@ -35,7 +35,7 @@ from torch._dynamo import compiled_autograd as ca_mod
 
 from camlir import events, graph_choice, logs, pending_program, profiling
 from camlir.capture import dynamo_off
-from camlir.errors import UnsupportedError
+from camlir.errors import UnsupportedError, without_pytorch_hints
 from camlir.settings import active_settings, in_use, on_change
 from camlir.stats import counters
 
@@ -208,7 +208,8 @@ def _capture_failed(exc: BaseException, settings) -> None:
     fullgraph that is the error; otherwise the backward runs eagerly, counted and recorded.
     Seen: `StopIteration` in compiled autograd's `reorder_pre_hook_nodes_to_mimic_eager`
     (fuzz seeds 762, 1449: node pre-hooks in a torch.compile'd step)."""
-    reason = f"compiled autograd could not capture this backward ({type(exc).__name__}: {exc}); it runs eagerly"
+    reason = (f"compiled autograd could not capture this backward ({type(exc).__name__}: "
+              f"{without_pytorch_hints(str(exc))}); it runs eagerly")
     if settings.fullgraph:
         raise UnsupportedError(reason) from exc
     counters["fallbacks"] += 1
