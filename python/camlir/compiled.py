@@ -27,7 +27,7 @@ import weakref
 import torch
 from torch_mlir import ir
 
-from . import compile_service, disk_cache, effects, environment, events, graph_choice, logs, pipeline, profiling
+from . import compile_progress, compile_service, disk_cache, effects, environment, events, graph_choice, logs, pipeline, profiling
 from . import backend_registry as registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture import engine, miss_reasons, tensor_names
@@ -280,7 +280,11 @@ class CompiledBackward:
         else runs `build()`, counts it, and records it with what it cost."""
         self._check_limit(reason, new)
         start = time.perf_counter()
-        result = build()
+        with compile_progress.Watch(f"graph {self.capture_id}", reason) as watch:
+            result = build()
+            program = result[0] if isinstance(result, tuple) else result
+            if isinstance(program, PendingProgram) and program.in_flight():
+                watch.background(program)
         seconds = time.perf_counter() - start + self._pending_seconds
         self._pending_seconds = 0.0
         self.compiles += 1
@@ -480,6 +484,8 @@ class CompiledBackward:
 
                 def failed(exc):
                     raise exc
+
+                compile_progress.waits_in_worker()
 
                 program = PendingProgram(program, backend, module.context, dump.label, failed,
                                          run_here=pipeline.compile_apart).resolve(wait=True)

@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 from torch_mlir import ir
 
-from camlir import effects, logs
+from camlir import compile_progress, effects, logs
 from camlir.compile_thread import run_apart
 from camlir.context import make_context
 from camlir.dialects.ca.ir_helpers import funcs, function_type, is_kernel, require_func
@@ -159,6 +159,7 @@ def _run(stages: list, work: Work) -> None:
     """`stages` in order, in the captured module's MLIR context (entered per thread)."""
     with work.captured.context, ir.Location.unknown():
         for stage in stages:
+            compile_progress.at_stage(stage.name)
             stage.run(work)
 
 

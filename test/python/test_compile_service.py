@@ -6,6 +6,7 @@ The rest of the suite compiles in-process (conftest.py sets CAMLIR_COMPILE_WORKE
 these tests switch one worker on. Each worker takes ~3 s to start (torch and MLIR imports),
 so the tests share the process's service where they can."""
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -343,3 +344,27 @@ def test_a_training_loop_with_hooks_and_several_graphs_matches_eager(service):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert camlir.counters["fallbacks"] == 0
+
+
+def test_a_long_background_compile_says_so_once(service, monkeypatch, caplog):
+    # issue 31, point 8: a first backward of seconds printed nothing.
+    from camlir import compile_progress
+
+    monkeypatch.setenv("CAMLIR_COMPILE_DELAY_S", "1.5")
+    monkeypatch.setattr(compile_progress, "NOTICE_S", 0.5)
+    model, x = _model(4), torch.randn(5, 12)
+    with caplog.at_level(logging.WARNING, logger="camlir"):
+        _check_steps(model, x, 1, camlir.enable())
+        assert camlir.wait(120)
+        _check_steps(model, x, 2, camlir.enable())
+    lines = [r.getMessage() for r in caplog.records if "has been compiling for" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("graph 1 has been compiling for") and "first backward of this graph" in lines[0]
+    assert "in a compile worker" in lines[0] and "eager engine until its program is ready" in lines[0]
+
+
+def test_a_short_compile_says_nothing(service, caplog):
+    model, x = _model(5), torch.randn(5, 12)
+    with caplog.at_level(logging.WARNING, logger="camlir"):
+        camlir.compile_backward(model(x).pow(2).sum())
+    assert not [r for r in caplog.records if "has been compiling" in r.getMessage()]

@@ -91,3 +91,18 @@ def test_drawing_tool_names_the_file_it_cannot_draw(tmp_path, content, expected)
     assert run.returncode != 0
     assert "Traceback" not in run.stderr, run.stderr
     assert str(path) in run.stderr and expected in run.stderr, run.stderr
+
+
+def test_a_long_compile_in_this_process_says_what_it_waits_for(monkeypatch, caplog):
+    import logging
+
+    from camlir import compile_progress
+
+    monkeypatch.setenv("CAMLIR_COMPILE_WORKERS", "0")
+    monkeypatch.setattr(compile_progress, "NOTICE_S", 0.01)  # every compile takes longer than that
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="camlir"):
+        camlir.compile_backward(model(torch.randn(4, 8)).sum())
+    lines = [r.getMessage() for r in caplog.records if "has been compiling for" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "graph 1" in lines[0] and "stage " in lines[0] and "this backward waits for it" in lines[0], lines
