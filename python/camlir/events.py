@@ -53,14 +53,22 @@ class Event:
         return asdict(self)
 
     def __str__(self) -> str:
+        old, new = _shown(self.old), _shown(self.new)
         if self.old is not None and self.new is not None:
-            change = f" ({self.old!r} -> {self.new!r})"
+            change = f" ({old} -> {new})"
         elif self.old is not None or self.new is not None:  # one side only: no "None ->"
-            change = f" ({self.new!r})" if self.old is None else f" (was {self.old!r})"
+            change = f" ({new})" if self.old is None else f" (was {old})"
         else:
             change = ""
         cost = f", {self.seconds:.3f} s" if self.seconds else ""
         return f"graph {self.graph}: {self.kind}: {self.reason}{change}{cost}"
+
+
+def _shown(value) -> str:
+    """A value of an event as printed: floats (ms per backward of a `choice`) to 3 digits."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return repr(value)
 
 
 _events: list = []

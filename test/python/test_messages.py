@@ -106,3 +106,27 @@ def test_a_long_compile_in_this_process_says_what_it_waits_for(monkeypatch, capl
     lines = [r.getMessage() for r in caplog.records if "has been compiling for" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "graph 1" in lines[0] and "stage " in lines[0] and "this backward waits for it" in lines[0], lines
+
+
+@pytest.mark.parametrize("kinds,shown", [("recompiles", False), ("graph", False), ("perf", True)])
+def test_the_malloc_note_comes_only_with_the_speed_kinds(tmp_path, kinds, shown):
+    # issue 31, point 6: any CAMLIR_LOGS kind printed the malloc note on every run.
+    import os
+
+    code = ("import torch, camlir\n"
+            "m = torch.nn.Linear(4, 4)\n"
+            "camlir.compile_backward(m(torch.randn(2, 4)).sum())\n")
+    env = dict(os.environ, CAMLIR_LOGS=kinds, CAMLIR_COMPILE_WORKERS="0", CAMLIR_CACHE_DIR=str(tmp_path))
+    env.pop("CAMLIR_MALLOC_TUNING", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert ("malloc keeps buffers" in run.stderr) == shown, run.stderr
+
+
+def test_event_numbers_are_rounded():
+    from camlir.events import Event
+
+    text = str(Event(2, "choice", "runs on PyTorch's eager engine", "speed", 0.29433318, 0.120391))
+    assert text == "graph 2: choice: runs on PyTorch's eager engine (0.294 -> 0.12)", text
+    assert str(Event(1, "compile", "new sizes", "sizes", None, [6, 6], 0.5)) == \
+        "graph 1: compile: new sizes ([6, 6]), 0.500 s"

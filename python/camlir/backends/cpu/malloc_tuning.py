@@ -60,7 +60,7 @@ def apply() -> bool:
     if "malloc" in (environment.raw("GLIBC_TUNABLES") or ""):
         user.append("GLIBC_TUNABLES")
     if user:
-        logs.log.info("malloc left as configured (%s set)", ", ".join(user))
+        logs.log.debug("malloc left as configured (%s set)", ", ".join(user))
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
@@ -72,7 +72,7 @@ def apply() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     _state["applied"] = ok
-    if ok:
+    if ok and (logs.enabled("perf") or logs.enabled("verbose")):  # a note about speed: not for every kind
         logs.log.info("malloc keeps buffers under %d MB on its heap and up to %d MB free at its "
                       "top (CAMLIR_MALLOC_TUNING=0 turns this off; docs/speed.md)",
                       MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20)
