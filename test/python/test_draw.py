@@ -68,8 +68,9 @@ def test_mlp_backward_shows_nodes_kernels_and_accumulations(tmp_path):
     all_text = " ".join(boxes[""][1])
     assert all(f"@{k}" in all_text for k in kernels)
     accumulations = [texts for classes, texts in boxes.values() if "accumulate" in classes]
-    assert len(accumulations) == 4 and all(t[0] == "accumulate_grad" and ".grad of arg" in t[1]
-                                           for t in accumulations)
+    # the parameters by their module path (issue 31, point 7), not `arg8`
+    assert len(accumulations) == 4 and all(t[0] == "accumulate_grad" and t[1].startswith(".grad of ")
+                                           and ".grad of arg" not in t[1] for t in accumulations), accumulations
     assert "accumulation into .grad" in all_text
 
 
