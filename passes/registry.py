@@ -6,6 +6,7 @@ from .approximate_math import ApproximateMath
 from .bf16_as_i16 import BF16AsI16
 from .copies_to_linalg import CopiesToLinalg
 from .depthwise_kernels import DepthwiseKernels
+from .disjoint_scatters import DisjointScatters
 from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fold_views import FoldViews
@@ -25,7 +26,7 @@ from .specialize_shapes import SpecializeShapes
 from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
-PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, OutlineKernels, SinkViews,
+PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews,
           LowerToLinalg, DepthwiseKernels,
           FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,

@@ -266,13 +266,14 @@ def layouts(work: Work) -> None:
 
 
 def kernels(work: Work) -> None:
-    """kernels: traced hook bodies inlined, the nodes flattened, every run of compute between
+    """kernels: traced hook bodies inlined, the nodes flattened, gradients scattered into
+    disjoint slices of zeros summed as one scatter chain (ca-disjoint-scatters), every run of compute between
     barriers (Python hooks, host ops) outlined into a `ca.kernel` function; a view that one
     kernel returns only for later kernels (a transposed weight, the `t` of a weight gradient
     that TBackward undoes) crosses the cut as its base and is recomputed where it is read,
     so kernels split by a hook read what one kernel would have (ca-sink-views)."""
-    run_stage("kernels", work.module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-outline-kernels", "ca-sink-views"],
-              work.dump)
+    run_stage("kernels", work.module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-disjoint-scatters",
+                                       "ca-outline-kernels", "ca-sink-views"], work.dump)
 
 
 def linalg(work: Work) -> None:
