@@ -423,3 +423,65 @@ func.func private @sibling_used_in_a_body_between(%g: tensor<8x4xf32>, %x: tenso
   } -> tensor<4xf32>
   return %s, %u, %t : tensor<4xf32>, tensor<3xf32>, tensor<4xf32>
 }
+
+// -----
+
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#scalar = affine_map<(d0, d1) -> ()>
+// A cross-entropy backward's NLL gradient: a one-hot matrix built from the targets, the
+// index and `-grad / total_weight` (a division of two 0-d inputs: loop-invariant). It has
+// no full-size input, so each of its two users (the row sum, the log-softmax backward)
+// gets its own copy: the elementwise user computes it in its loop (no read of an 8x4
+// tensor); the row sum still reads its copy, since upstream fusion refuses a reduction
+// whose loop bounds only the fused producer's result gave.
+// CHECK-LABEL: func.func private @one_hot_recomputed
+// CHECK: %[[H:.*]] = linalg.generic
+// CHECK: arith.divf
+// CHECK: linalg.generic
+// CHECK-SAME: iterator_types = ["parallel", "reduction"]
+// CHECK-SAME: ins(%[[H]] : tensor<8x4xf32>)
+// CHECK: linalg.generic
+// CHECK-SAME: iterator_types = ["parallel", "parallel"]
+// CHECK-SAME: ins(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : tensor<f32>, tensor<8xi64>, tensor<f32>, tensor<8x4xf32>)
+// CHECK: arith.divf
+// CHECK: math.exp
+// CHECK-NOT: linalg.generic
+// CHECK: return
+// KEEP-LABEL: func.func private @one_hot_recomputed
+// KEEP: %[[H:.*]] = linalg.generic
+// KEEP: arith.divf
+// KEEP: linalg.generic
+// KEEP-SAME: ins(%[[H]] : tensor<8x4xf32>)
+func.func private @one_hot_recomputed(%g: tensor<f32>, %target: tensor<8xi64>, %w: tensor<f32>, %out: tensor<8x4xf32>) -> (tensor<8xf32>, tensor<8x4xf32>) attributes {ca.kernel} {
+  %c0 = arith.constant 0.0 : f32
+  %m100 = arith.constant -100 : index
+  %e = tensor.empty() : tensor<8x4xf32>
+  %h = linalg.generic {indexing_maps = [#scalar, #row, #scalar, #id], iterator_types = ["parallel", "parallel"]} ins(%g, %target, %w : tensor<f32>, tensor<8xi64>, tensor<f32>) outs(%e : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %t: i64, %tw: f32, %o: f32):
+    %0 = arith.index_cast %t : i64 to index
+    %1 = linalg.index 1 : index
+    %2 = arith.divf %in, %tw : f32
+    %3 = arith.negf %2 : f32
+    %4 = arith.cmpi ne, %0, %1 : index
+    %5 = arith.cmpi eq, %0, %m100 : index
+    %6 = arith.ori %4, %5 : i1
+    %7 = arith.select %6, %c0, %3 : f32
+    linalg.yield %7 : f32
+  } -> tensor<8x4xf32>
+  %e1 = tensor.empty() : tensor<8xf32>
+  %z = linalg.fill ins(%c0 : f32) outs(%e1 : tensor<8xf32>) -> tensor<8xf32>
+  %s = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]} ins(%h : tensor<8x4xf32>) outs(%z : tensor<8xf32>) {
+  ^bb0(%in: f32, %acc: f32):
+    %0 = arith.addf %in, %acc : f32
+    linalg.yield %0 : f32
+  } -> tensor<8xf32>
+  %e2 = tensor.empty() : tensor<8x4xf32>
+  %p = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]} ins(%h, %out : tensor<8x4xf32>, tensor<8x4xf32>) outs(%e2 : tensor<8x4xf32>) {
+  ^bb0(%in: f32, %in_1: f32, %o: f32):
+    %0 = math.exp %in_1 : f32
+    %1 = arith.subf %in, %0 : f32
+    linalg.yield %1 : f32
+  } -> tensor<8x4xf32>
+  return %s, %p : tensor<8xf32>, tensor<8x4xf32>
+}
