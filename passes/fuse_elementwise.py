@@ -49,14 +49,7 @@ class FuseElementwise(CAPass):
        inputs and `m` users, when `k * m <= k + 1 + m` (read `k` in each user, against read
        `k`, write 1, read it `m` times). A batch norm's `x - mean` (k = 1) feeding its
        two reductions and its output then costs no tensor of its own: the CNN's batch-norm
-       backward kernel wrote and re-read two 2 MB temporaries (docs/speed.md). Index
-       arithmetic (`linalg.index`, `index_cast`) counts as cheap, and so does an op of
-       loop-invariant values only (a division of two 0-d inputs: the cross-entropy
-       backward's `-grad / total_weight`, which LLVM hoists out of the loop); those do not
-       count against the op limit. The NLL gradient (a one-hot matrix of 512 x 1000 in the
-       bench Transformer) is then computed inside the log-softmax backward's loop; its row
-       sum still reads a copy (upstream fusion refuses a reduction whose loop bounds only
-       the producer's result gave), so one 2 MB read goes, not the write.
+       backward kernel wrote and re-read two 2 MB temporaries (docs/speed.md).
     3. Upstream `linalg-fuse-elementwise-ops`, which fuses a producer into its consumer only
        when the consumer is the producer's single user: an expensive producer (GELU's
        backward: exp and erf) is never recomputed for several consumers, and no value is
@@ -181,13 +174,8 @@ _CHEAP = frozenset({
     "arith.addf", "arith.subf", "arith.mulf", "arith.negf", "arith.cmpf", "arith.select",
     "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf", "arith.extf",
     "arith.truncf", "arith.addi", "arith.subi", "arith.muli", "arith.cmpi", "arith.andi",
-    "arith.ori", "arith.xori", "arith.constant", "arith.uitofp", "arith.sitofp", "linalg.yield",
-    "linalg.index", "arith.index_cast"})
+    "arith.ori", "arith.xori", "arith.constant", "arith.uitofp", "arith.sitofp", "linalg.yield"})
 _MAX_CHEAP_OPS = 6
-# What an op may be when every operand is loop-invariant (a 0-d input, a value from outside
-# the generic, a constant): computed once per loop after LLVM's hoisting, so its cost is
-# not per element. Float division only (an integer division by zero is undefined).
-_INVARIANT_OK = _CHEAP | {"arith.divf"}
 
 
 def recompute_cheap_producers(module: ir.Operation) -> int:
@@ -221,11 +209,7 @@ def _recomputable_users(g: ir.Operation):
     if not out_type.has_static_shape or str(maps[-1]) != str(ir.AffineMap.get_identity(out_type.rank)):
         return None
     body = [op.operation for op in g.regions[0].blocks[0].operations]
-    invariant = _invariant_ops(g, maps, body)
-    counted = [op for op in body
-               if op.name not in ("linalg.yield", "arith.constant") and op not in invariant]
-    if len(counted) > _MAX_CHEAP_OPS or any(op.name not in _CHEAP for op in counted) or \
-            any(op.name not in _INVARIANT_OK for op in invariant):
+    if len(body) > _MAX_CHEAP_OPS or any(op.name not in _CHEAP for op in body):
         return None
     uses = list(g.results[0].uses)
     m = len(uses)
@@ -241,35 +225,6 @@ def _recomputable_users(g: ir.Operation):
     if full * m > full + 1 + m:
         return None
     return uses
-
-
-def _invariant_ops(g: ir.Operation, maps: list, body: list) -> list:
-    """The ops of `g`'s body whose operands are all loop-invariant: block arguments of
-    inputs read through a map with no results (0-d), values defined outside `g`, or
-    results of other such ops (constants included)."""
-    block = g.regions[0].blocks[0]
-    n_in = len(g.operands) - len(g.results)
-    invariant_values = {block.arguments[i] for i in range(n_in) if len(maps[i].results) == 0}
-    found = []
-    for op in body:
-        if op.name in ("linalg.yield", "linalg.index"):
-            continue
-        if all(v in invariant_values or not _defined_inside(v, g) for v in op.operands):
-            found.append(op)
-            invariant_values.update(op.results)
-    return found
-
-
-def _defined_inside(value, g: ir.Operation) -> bool:
-    """Whether `value` is a block argument or result inside `g`'s region."""
-    target = g.operation
-    if isinstance(value, ir.BlockArgument):
-        return ir.BlockArgument(value).owner.owner.operation == target
-    owner = value.owner
-    if not isinstance(owner, (ir.Operation, ir.OpView)):
-        return False
-    parent = owner.operation.parent
-    return parent is not None and parent.operation == target
 
 
 def _parallel(t) -> bool:
