@@ -11,12 +11,14 @@ from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fold_views import FoldViews
 from .fuse_elementwise import FuseElementwise
+from .index_as_input import IndexAsInput
 from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
 from .kernel_abi import PrepareKernelABI
 from .lower_to_linalg import LowerToLinalg
 from .matmul_to_blas import DefineBlasWrappers, MatmulToBlas
 from .narrow_float_conversions import NarrowFloatConversions
+from .narrow_scalar_inputs import NarrowScalarInputs
 from .outline_kernels import OutlineKernels
 from .parallel_loops import BoundParallelLoops, DefineParallelForks, OutlineParallelLoops
 from .register_reductions import RegisterReductions
@@ -28,7 +30,7 @@ from .unique_kernel_results import UniqueKernelResults
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews,
           LowerToLinalg, DepthwiseKernels,
-          FuseElementwise, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
+          FuseElementwise, IndexAsInput, NarrowScalarInputs, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           BF16AsI16, DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)

@@ -136,7 +136,11 @@ _VECTOR_LOOPS = [
 ]
 
 
-_F64_BUFFER = re.compile(r"memref<[^>]*f64")  # an f64 buffer (a scalar f64 constant does not count)
+# An f64 buffer with at least one dimension: a 0-d one (`memref<f64>`: a Python float a node
+# saved, such as BERT's attention scale 1/sqrt(d)) is read as one scalar, never as f64 lanes.
+# Counting it put BERT's whole kernel module at 8 lanes.
+_F64_BUFFER = re.compile(r"memref<[0-9?][^>]*f64")
+_WIDE_F64_VECTOR = re.compile(r"vector<(?:[0-9]+x)*(?:1[6-9]|[2-9][0-9]|[0-9]{3,})xf64>")
 
 
 def vector_loops(width: int = 0) -> list:
@@ -187,6 +191,12 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     width = 8 if _F64_BUFFER.search(text) else jit.vector_width()
     try:
         run_stage("loops", trial, vector_loops(width), dump)
+        if width > 8 and _WIDE_F64_VECTOR.search(str(trial)):
+            # f64 math vectorized from scalars (no f64 buffer): 8 lanes after all
+            trial = ir.Module.parse(text, kernel_module.context)
+            dump.previous = start
+            width = 8
+            run_stage("loops", trial, vector_loops(width), dump)
         _no_bool_vectors(trial)
         run_stage("llvm", trial, _to_llvm(trial), dump)
         return trial
