@@ -22,9 +22,9 @@ from .base import CAPass
 @dataclasses.dataclass(frozen=True)
 class NarrowScalarInputs(CAPass):
     """In the `ca.kernel` functions, a `linalg.generic` input of type `tensor<f64>`, read
-    through a map with no results, whose block argument is used only by
-    `arith.truncf ... to f32`, is replaced by a `tensor<f32>` made by a 0-d generic that
-    does the truncation once; the body reads the f32 value directly. Same bits (the same
+    through a map with no results, whose block argument is used only by `arith.truncf`s to
+    one type (f32, bf16 or f16), is replaced by a tensor of that type made by a 0-d generic
+    that does the truncation once; the body reads the narrow value directly. Same bits (the same
     rounding, once instead of per element).
 
     Before:
@@ -77,7 +77,7 @@ def _narrow(g, fn, narrowed: dict) -> int:
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(g.attributes["indexing_maps"])]
     n_in = len(g.operands) - len(g.results)
     block = g.regions[0].blocks[0]
-    f32, f64 = ir.F32Type.get(g.context), ir.F64Type.get(g.context)
+    f64 = ir.F64Type.get(g.context)
     done = 0
     for i in range(n_in):
         value = g.operands[i]
@@ -85,16 +85,19 @@ def _narrow(g, fn, narrowed: dict) -> int:
             continue
         arg = block.arguments[i]
         uses = list(arg.uses)
-        if not uses or any(u.owner.name != "arith.truncf" or str(u.owner.results[0].type) != "f32"
-                           for u in uses):
+        if not uses or any(u.owner.name != "arith.truncf" for u in uses):
             continue
-        key = (str(fn.operation.attributes["sym_name"]), value)
+        narrow = {str(u.owner.results[0].type) for u in uses}
+        if len(narrow) != 1 or next(iter(narrow)) not in _NARROW:
+            continue
+        to = _NARROW[next(iter(narrow))](g.context)
+        key = (str(fn.operation.attributes["sym_name"]), value, str(to))
         small = _lookup(narrowed, key)
         if small is None:
-            small = _truncated(value, g, f32, f64)
+            small = _truncated(value, g, to, f64)
             narrowed[key] = small
         g.operands[i] = small
-        arg.set_type(f32)
+        arg.set_type(to)
         for use in uses:
             truncf = use.owner
             truncf.results[0].replace_all_uses_with(arg)
@@ -104,13 +107,17 @@ def _narrow(g, fn, narrowed: dict) -> int:
 
 
 def _lookup(narrowed: dict, key):
-    for (name, value), small in narrowed.items():
-        if name == key[0] and value == key[1]:
+    for (name, value, to), small in narrowed.items():
+        if name == key[0] and value == key[1] and to == key[2]:
             return small
     return None
 
 
-def _truncated(value, before, f32, f64) -> ir.Value:
+# What a 0-d f64 input may be rounded to once (an autocast region's scalars round to bf16).
+_NARROW = {"f32": ir.F32Type.get, "bf16": ir.BF16Type.get, "f16": ir.F16Type.get}
+
+
+def _truncated(value, before, to, f64) -> ir.Value:
     """A 0-d generic computing `truncf(value)`: at the function's start for a kernel
     argument, else just before `before`, so every later generic of the function may read it."""
     owner = value.owner
@@ -120,10 +127,10 @@ def _truncated(value, before, f32, f64) -> ir.Value:
         point = ir.InsertionPoint.at_block_begin(owner)  # a kernel argument
     empty_map = ir.AffineMap.get(0, 0, [])
     with before.context, before.location, point:
-        init = tensor.EmptyOp([], f32)
-        op = linalg.GenericOp([ir.RankedTensorType.get([], f32)], [value], [init.result],
+        init = tensor.EmptyOp([], to)
+        op = linalg.GenericOp([ir.RankedTensorType.get([], to)], [value], [init.result],
                               ir.ArrayAttr.get([ir.AffineMapAttr.get(empty_map)] * 2), ir.ArrayAttr.get([]))
-        body = op.regions[0].blocks.append(f64, f32)
+        body = op.regions[0].blocks.append(f64, to)
         with ir.InsertionPoint(body):
-            linalg.YieldOp([arith.TruncFOp(f32, body.arguments[0]).result])
+            linalg.YieldOp([arith.TruncFOp(to, body.arguments[0]).result])
     return op.results[0]

@@ -43,3 +43,21 @@ func.func private @wide(%x: tensor<8xf64>, %s: tensor<f64>) -> tensor<8xf64> att
   } -> tensor<8xf64>
   return %r : tensor<8xf64>
 }
+
+// Rounded to bf16 (an autocast region): one bf16 scalar.
+// CHECK-LABEL: func.func private @to_bf16
+// CHECK: linalg.generic {{.*}} ins(%arg1 : tensor<f64>) outs(%{{.*}} : tensor<bf16>)
+// CHECK: arith.truncf %{{.*}} : f64 to bf16
+// CHECK: ins(%arg0, %{{.*}} : tensor<8xbf16>, tensor<bf16>)
+// CHECK-NOT: f64
+// CHECK: return
+func.func private @to_bf16(%x: tensor<8xbf16>, %s: tensor<f64>) -> tensor<8xbf16> attributes {ca.kernel} {
+  %e = tensor.empty() : tensor<8xbf16>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> ()>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]} ins(%x, %s : tensor<8xbf16>, tensor<f64>) outs(%e : tensor<8xbf16>) {
+  ^bb0(%in: bf16, %d: f64, %out: bf16):
+    %0 = arith.truncf %d : f64 to bf16
+    %1 = arith.mulf %in, %0 : bf16
+    linalg.yield %1 : bf16
+  } -> tensor<8xbf16>
+  return %r : tensor<8xbf16>
+}

@@ -66,3 +66,24 @@ def test_a_python_float_divisor_keeps_the_full_vector_width(tmp_path):
     width = int(re.search(r"virtual-vector-size=(\d+)", loops.splitlines()[0]).group(1))
     assert width == jit.vector_width(), loops.splitlines()[0]
     assert "xf64>" not in loops
+
+
+def test_a_python_float_under_bf16_autocast_keeps_the_full_vector_width(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    w = torch.randn(256, 256, requires_grad=True)
+
+    def step(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = (x @ w) * 0.125  # a Python float in the bf16 region
+            return (h.tanh() / math.sqrt(3.0)).float().sum()
+
+    step(x, w).backward()
+    want = [x.grad.clone(), w.grad.clone()]
+    x.grad = w.grad = None
+    camlir.compile_backward(step(x, w))
+    for got, ref in zip((x.grad, w.grad), want):
+        torch.testing.assert_close(got, ref, rtol=1.6e-2, atol=2e-2 * ref.abs().max().item())
+    loops = _loops_stage(tmp_path)
+    width = int(re.search(r"virtual-vector-size=(\d+)", loops.splitlines()[0]).group(1))
+    assert width == jit.vector_width(), loops.splitlines()[0]
