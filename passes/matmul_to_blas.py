@@ -62,9 +62,14 @@ class MatmulToBlas(CAPass):
         needed = set()
         for op in ops_named(module, "linalg.matmul", "linalg.batch_matmul"):
             elem = str(ir.MemRefType(op.operands[2].type).element_type)
-            if elem not in _ELEM or any(str(ir.MemRefType(v.type).element_type) != elem for v in op.operands[:3]):
-                continue
+            operands = [str(ir.MemRefType(v.type).element_type) for v in op.operands[:2]]
             batched = op.name == "linalg.batch_matmul"
+            if elem == "f32" and operands == ["bf16", "bf16"] and not batched:
+                _rewrite(op, "camlir_gemm_bf16", False)  # ca-bf16-matmuls made it
+                needed.add(("camlir_gemm_bf16", "bf16"))
+                continue
+            if elem not in _ELEM or any(e != elem for e in operands):
+                continue
             if batched and _batch_transposes(op) is None:
                 continue  # maps BLAS cannot take: loops
             name = f"camlir_{'bgemm' if batched else 'gemm'}_{elem}"
@@ -108,12 +113,21 @@ class DefineBlasWrappers(CAPass):
             return
         for fn in declared.values():
             fn.erase()
-        text = ""
+        helpers, entries, text = set(), set(), ""
         for elem in elems:
-            text += _GEMM.format(t=elem, p=_ELEM[elem][0], gemm_args=_gemm_args(elem))
+            if elem == "bf16":  # bf16 operands, f32 result: MKL's gemm_bf16bf16f32_
+                helpers |= {"bf16", "f32"}
+                entries.add("gemm_bf16bf16f32_")
+                text += _GEMM_BF16.format(gemm_args=_gemm_args("f32"))
+                continue
+            helpers.add(elem)
+            entries.add(f"{_ELEM[elem][0]}gemm_")
+            text += _GEMM_FN.format(t=elem, p=_ELEM[elem][0], gemm_args=_gemm_args(elem))
             if f"camlir_bgemm_{elem}" in declared:
                 text += _BGEMM.format(t=elem, p=_ELEM[elem][0], gemm_args=_gemm_args(elem),
                                       batch_args=_by_reference(elem, _BATCH_SLOTS))
+        text += "".join(_HELPERS.format(t=t, p="") for t in sorted(helpers))
+        text += "".join(_DECLARE_BLAS.format(blas=entry) for entry in sorted(entries))
         lib = ir.Module.parse(text, module.context)
         body = module.regions[0].blocks[0]
         for op in list(lib.body.operations):
@@ -127,12 +141,16 @@ def _declare(module: ir.Operation, needed: set) -> None:
         for name, elem in sorted(needed):
             if name in present:
                 continue
-            elem_type = ir.F32Type.get() if elem == "f32" else ir.F64Type.get()
+            out_type = ir.F64Type.get() if elem == "f64" else ir.F32Type.get()  # bf16: f32 result
+            in_type = ir.BF16Type.get() if elem == "bf16" else out_type
             rank = 3 if name.startswith("camlir_bgemm_") else 2
             dyn = ir.ShapedType.get_dynamic_stride_or_offset()
-            mem = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, elem_type,
-                                    ir.StridedLayoutAttr.get(dyn, [dyn] * rank))
-            func.FuncOp(name, ir.FunctionType.get([mem, mem, mem, elem_type, elem_type], []),
+
+            def mem(t):
+                return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, t,
+                                         ir.StridedLayoutAttr.get(dyn, [dyn] * rank))
+
+            func.FuncOp(name, ir.FunctionType.get([mem(in_type), mem(in_type), mem(out_type), out_type, out_type], []),
                         visibility="private")
 
 
@@ -383,6 +401,54 @@ func.func private @camlir_same_{t}(%X: memref<?x?x{t}, strided<[?, ?], offset: ?
 }}
 
 func.func private @{p}gemm_(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr)
+"""
+
+# `_GEMM` in its parts: the helpers of one element type (packing, operand pointers, copies),
+# which a bf16 GEMM needs for bf16 (its operands) and f32 (its result) whatever else the
+# module has, and the BLAS entry point's declaration.
+_GEMM_FN, _GEMM_REST = _GEMM.split("// Whether BLAS can read X as it is", 1)
+_HELPERS = "// Whether BLAS can read X as it is" + _GEMM_REST.rsplit("func.func private @{p}gemm_(", 1)[0]
+_DECLARE_BLAS = "func.func private @{blas}(" + "!llvm.ptr, " * 12 + "!llvm.ptr)\n"
+
+# bf16 operands, f32 result and scalars: MKL's `gemm_bf16bf16f32_` (same arguments as
+# `sgemm_`, A and B as bf16). As `camlir_gemm_f32` otherwise.
+_GEMM_BF16 = """
+func.func private @camlir_gemm_bf16(%A: memref<?x?xbf16, strided<[?, ?], offset: ?>>,
+                                 %B: memref<?x?xbf16, strided<[?, ?], offset: ?>>,
+                                 %C: memref<?x?xf32, strided<[?, ?], offset: ?>>, %alpha: f32, %beta: f32) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.dim %C, %c0 : memref<?x?xf32, strided<[?, ?], offset: ?>>
+  %n = memref.dim %C, %c1 : memref<?x?xf32, strided<[?, ?], offset: ?>>
+  %k = memref.dim %A, %c1 : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+  %Ap = func.call @camlir_pack_bf16(%A) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> memref<?x?xbf16, strided<[?, ?], offset: ?>>
+  %Bp = func.call @camlir_pack_bf16(%B) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> memref<?x?xbf16, strided<[?, ?], offset: ?>>
+  %Cc = func.call @camlir_pack_out_f32(%C) : (memref<?x?xf32, strided<[?, ?], offset: ?>>) -> memref<?x?xf32, strided<[?, ?], offset: ?>>
+  %pa, %la, %ta = func.call @camlir_operand_bf16(%Ap) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
+  %pb, %lb, %tb = func.call @camlir_operand_bf16(%Bp) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
+  %pc, %lc, %tc = func.call @camlir_operand_f32(%Cc) : (memref<?x?xf32, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
+{gemm_args}
+  // Row-major C = A B is column-major C^T = B^T A^T: B comes first.
+  func.call @gemm_bf16bf16f32_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc)
+      : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  %same = func.call @camlir_same_f32(%C, %Cc) : (memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>) -> i1
+  scf.if %same {{
+  }} else {{
+    func.call @camlir_copy_f32(%Cc, %C) : (memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>) -> ()
+    memref.dealloc %Cc : memref<?x?xf32, strided<[?, ?], offset: ?>>
+  }}
+  %sameA = func.call @camlir_same_bf16(%A, %Ap) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>, memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> i1
+  scf.if %sameA {{
+  }} else {{
+    memref.dealloc %Ap : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+  }}
+  %sameB = func.call @camlir_same_bf16(%B, %Bp) : (memref<?x?xbf16, strided<[?, ?], offset: ?>>, memref<?x?xbf16, strided<[?, ?], offset: ?>>) -> i1
+  scf.if %sameB {{
+  }} else {{
+    memref.dealloc %Bp : memref<?x?xbf16, strided<[?, ?], offset: ?>>
+  }}
+  return
+}}
 """
 
 _BGEMM = """

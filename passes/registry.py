@@ -4,6 +4,7 @@ from typing import Optional
 
 from .approximate_math import ApproximateMath
 from .bf16_as_i16 import BF16AsI16
+from .bf16_matmuls import Bf16Matmuls
 from .copies_to_linalg import CopiesToLinalg
 from .depthwise_kernels import DepthwiseKernels
 from .disjoint_scatters import DisjointScatters
@@ -30,7 +31,7 @@ from .unique_kernel_results import UniqueKernelResults
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews,
           LowerToLinalg, DepthwiseKernels,
-          FuseElementwise, IndexAsInput, NarrowScalarInputs, UniqueKernelResults, ExpandPowers, ApproximateMath, PrepareKernelABI, CopiesToLinalg,
+          FuseElementwise, IndexAsInput, NarrowScalarInputs, UniqueKernelResults, ExpandPowers, ApproximateMath, Bf16Matmuls, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           BF16AsI16, DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)

@@ -103,8 +103,10 @@ _MATH = [
 def math(kernel_module: ir.Module, dump: Dump) -> None:
     """math: pow by a constant small integer (or +-0.5) as multiplications and sqrt (a
     vector `powi` has no LLVM form), and f32 exp/erf/tanh as polynomials the vectorizer
-    can take (libm calls stop it)."""
-    run_stage("math", kernel_module, _MATH, dump)
+    can take (libm calls stop it); where the CPU has bf16 units, matmuls of widened bf16
+    tensors read the bf16 tensors, for MKL's bf16 GEMM (ca-bf16-matmuls)."""
+    passes = _MATH + (["ca-bf16-matmuls"] if jit.native_bf16_gemm() else [])
+    run_stage("math", kernel_module, passes, dump)
 
 
 def bufferize(kernel_module: ir.Module, dump: Dump, runtime_sizes: bool = False) -> None:
@@ -344,7 +346,7 @@ class CpuBackend(Backend):
         jit.assume(facts)
 
     def code_options(self) -> str:
-        return f"vector width {jit.vector_width()}"
+        return f"vector width {jit.vector_width()}" + (", bf16 gemm" if jit.native_bf16_gemm() else "")
 
     def not_storable(self, program) -> str:
         from camlir.backends.cpu.program import CpuProgram
