@@ -31,7 +31,7 @@ from .unique_kernel_results import UniqueKernelResults
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
 PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews,
           LowerToLinalg, DepthwiseKernels,
-          FuseElementwise, IndexAsInput, NarrowScalarInputs, UniqueKernelResults, ExpandPowers, ApproximateMath, Bf16Matmuls, PrepareKernelABI, CopiesToLinalg,
+          FuseElementwise, UniqueKernelResults, IndexAsInput, NarrowScalarInputs, ExpandPowers, ApproximateMath, Bf16Matmuls, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,
           BF16AsI16, DefineParallelForks,
           # the gpu pipeline's own (it shares the rest up to ca-matmul-to-blas)

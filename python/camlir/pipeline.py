@@ -281,8 +281,7 @@ def linalg(work: Work) -> None:
     move to the host (logged, one line per op name). Then checks that every accumulation
     and Python hook is still there exactly once."""
     run_stage("linalg", work.module, ["ca-lower-to-linalg{twins=true}", "ca-depthwise-kernels{twins=true}",
-                                      "ca-fuse-elementwise", "ca-index-as-input", "ca-narrow-scalar-inputs",
-                                      "ca-unique-kernel-results"],
+                                      "ca-fuse-elementwise", "ca-unique-kernel-results"],
               work.dump)
     attrs = work.module.operation.attributes
     if "ca.host_ops" in attrs:

@@ -7,7 +7,9 @@ After the shared kernel stages (`pipeline.KERNEL_STAGES`: specialize .. split):
     same-code    a kernel that prints the same as an earlier one,   backends/cpu/same_kernels.py
                  its name aside, is dropped; the runtime calls the
                  earlier one's code for it (compiled once)
-    math         pow by small constant exponents as multiplications ca-expand-powers,
+    math         loop indices read as constant inputs, 0-d f64       ca-index-as-input,
+                 inputs rounded once (both: vectorizable loops);     ca-narrow-scalar-inputs,
+                 pow by small constant exponents as multiplications ca-expand-powers,
                  and sqrt; bf16/f16 arithmetic and math functions   math-extend-to-supported-types,
                  in f32, rounded once per op (as PyTorch computes   arith-emulate-unsupported-floats,
                  them); f32 exp/erf/tanh as vectorizable polynomials ca-approximate-math
@@ -91,6 +93,10 @@ def same_code(work: Work) -> None:
 # as it was, LLVM promotes it itself, through calls of `__truncsfbf2` that the JIT cannot
 # resolve on a CPU without AVX512-BF16 (the graph was then interpreted).
 _MATH = [
+    # cpu only (the gpu's loops take loop indices and f64 scalars as they are): a loop index
+    # read in a body becomes a constant input, a 0-d f64 input rounded once (vectorizer)
+    "ca-index-as-input",
+    "ca-narrow-scalar-inputs",
     "ca-expand-powers",
     "func.func(math-extend-to-supported-types{target-type=f32})",
     "func.func(arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32})",
@@ -141,8 +147,9 @@ _VECTOR_LOOPS = [
 # An f64 buffer with at least one dimension: a 0-d one (`memref<f64>`: a Python float a node
 # saved, such as BERT's attention scale 1/sqrt(d)) is read as one scalar, never as f64 lanes.
 # Counting it put BERT's whole kernel module at 8 lanes.
+# (f64 math on f32 data, such as ca-expand-powers' repeated squaring, vectorizes at 16 lanes
+# without an f64 buffer, as before: test_speed_classes.py.)
 _F64_BUFFER = re.compile(r"memref<[0-9?][^>]*f64")
-_WIDE_F64_VECTOR = re.compile(r"vector<(?:[0-9]+x)*(?:1[6-9]|[2-9][0-9]|[0-9]{3,})xf64>")
 
 
 def vector_loops(width: int = 0) -> list:
@@ -193,12 +200,6 @@ def loops_and_llvm(kernel_module: ir.Module, dump: Dump) -> ir.Module:
     width = 8 if _F64_BUFFER.search(text) else jit.vector_width()
     try:
         run_stage("loops", trial, vector_loops(width), dump)
-        if width > 8 and _WIDE_F64_VECTOR.search(str(trial)):
-            # f64 math vectorized from scalars (no f64 buffer): 8 lanes after all
-            trial = ir.Module.parse(text, kernel_module.context)
-            dump.previous = start
-            width = 8
-            run_stage("loops", trial, vector_loops(width), dump)
         _no_bool_vectors(trial)
         run_stage("llvm", trial, _to_llvm(trial), dump)
         return trial
