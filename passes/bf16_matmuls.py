@@ -17,11 +17,12 @@ The cpu backend runs it (math stage) only where the CPU has bf16 units (`avx512_
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith
+from torch_mlir.dialects import linalg
 
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_named
 
 from .base import CAPass
+from .fuse_elementwise import contraction_maps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +30,8 @@ class Bf16Matmuls(CAPass):
     """In the `ca.kernel` functions, a 2-D `linalg.matmul` on tensors with an f32 result
     whose two inputs are each a widening `linalg.generic` (one bf16 input, identity maps,
     body `arith.extf` to f32 only) reads those bf16 inputs instead; a widening left without
-    users is erased. `ca-matmul-to-blas` then calls `gemm_bf16bf16f32_`. A matmul with one
+    users is erased. A bf16 transpose behind a widening becomes a transposed indexing map
+    (the GEMM reads either order). `ca-matmul-to-blas` then calls `gemm_bf16bf16f32_`. A matmul with one
     bf16 operand, or a batched one (MKL has no bf16 batch GEMM), is left as it is.
 
     Before:
@@ -67,32 +69,62 @@ def bf16_matmuls(module: ir.Operation) -> int:
             sources = [_widened_bf16(op.operands[i]) for i in (0, 1)]
             if any(s is None for s in sources):
                 continue
-            widenings = [op.operands[0].owner, op.operands[1].owner]
-            op.operands[0] = sources[0]
-            op.operands[1] = sources[1]
-            _widen_in_body(op)
+            widenings = [op.operands[0].owner.operation, op.operands[1].owner.operation]
+            maps = contraction_maps(op)
+            for i in (0, 1):
+                # a bf16 transpose behind the widening: a transposed map instead (the GEMM
+                # reads either order), as ca-fuse-elementwise folds f32 transposes
+                untransposed = _transpose_source(sources[i])
+                if untransposed is not None:
+                    sources[i] = untransposed
+                    maps[i] = _swap_results(maps[i])
+            with op.context, op.location, ir.InsertionPoint(op):
+                new = linalg.matmul(sources[0], sources[1], outs=[op.operands[2]], indexing_maps=maps)
+            if "ca.alpha" in op.attributes:
+                new.owner.attributes["ca.alpha"] = op.attributes["ca.alpha"]
+            op.results[0].replace_all_uses_with(new)
+            op.erase()
             for w in widenings:
-                w = w.operation
-                if not any(True for _ in w.results[0].uses):
-                    w.erase()
+                _erase_if_unused(w)
             count += 1
     return count
 
 
-def _widen_in_body(op) -> None:
-    """The named op's body for bf16 operands: its first two block arguments become bf16,
-    each widened to f32 where the body starts (what the builder makes for mixed types)."""
+def _erase_if_unused(op) -> None:
+    if any(True for r in op.results for _ in r.uses):
+        return
+    inputs = [v.owner.operation for v in op.operands if isinstance(v.owner, ir.OpView)]
+    op.erase()
+    for producer in inputs:  # a transpose that fed only the widening
+        if producer.name in ("linalg.transpose", "linalg.generic"):
+            _erase_if_unused(producer)
+
+
+def _swap_results(m):
+    exprs = list(m.results)
+    return ir.AffineMap.get(m.n_dims, m.n_symbols, [exprs[1], exprs[0]])
+
+
+def _transpose_source(value):
+    """`x` where `value` is a 2-D transpose of `x` (`linalg.transpose` [1, 0], or a copy
+    generic reading through `(d0, d1) -> (d1, d0)`), else None."""
+    owner = value.owner
+    if not isinstance(owner, ir.OpView):
+        return None
+    op = owner.operation
+    if op.name == "linalg.transpose":
+        perm = str(op.attributes["permutation"])
+        return op.operands[0] if perm.replace(" ", "") == "array<i64:1,0>" else None
+    if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    maps = [str(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if maps != ["(d0, d1) -> (d1, d0)", "(d0, d1) -> (d0, d1)"]:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
     block = op.regions[0].blocks[0]
-    bf16, f32 = ir.BF16Type.get(op.context), ir.F32Type.get(op.context)
-    first = block.operations[0]
-    for i in (0, 1):
-        arg = block.arguments[i]
-        uses = list(arg.uses)
-        arg.set_type(bf16)
-        with op.context, op.location, ir.InsertionPoint(first):
-            wide = arith.ExtFOp(f32, arg).result
-        for use in uses:
-            use.owner.operands[use.operand_number] = wide
+    if len(body) != 1 or body[0].name != "linalg.yield" or body[0].operands[0] != block.arguments[0]:
+        return None
+    return op.operands[0]
 
 
 def _widened_bf16(value):
