@@ -437,6 +437,7 @@ def _captured(call: Callable, settings):
                 _local.keep_callbacks = False
                 torch._C._dynamo.compiled_autograd.set_verbose_logger(None)
     except Exception as exc:  # noqa: BLE001 - re-raised unless nothing of the backward ran
+        _close_failed_capture(exc)
         if _local.graph is not None or _past_capture(exc):
             raise
         failed = exc
@@ -453,6 +454,32 @@ def _captured(call: Callable, settings):
         _capture_failed(failed, settings)
     _local.capture_failed = f"compiled autograd could not capture it ({type(failed).__name__})"
     return result
+
+
+def _close_failed_capture(exc: BaseException) -> None:
+    """Ends the compile context of a compiled-autograd capture that raised before its end.
+
+    PyTorch's capture enters a `compile_context` in `begin_capture` and leaves it in
+    `end_capture` (torch 2.13); a capture that raises in between (the StopIteration of fuzz
+    seed 762) leaves the context's generator unfinished. When the garbage collector later
+    finalizes it, it restores the context it replaced, at whatever moment that is: a later
+    `torch.compile` then failed in its own compile step ("compile_context is not set"), now
+    and then, depending on when the collector ran. Leaving it here, now, restores the right
+    one. The capture is found through the frames of the traceback."""
+    tb = exc.__traceback__
+    seen = set()
+    while tb is not None:
+        instance = tb.tb_frame.f_locals.get("self")
+        if (isinstance(instance, ca_mod.AutogradCompilerInstance) and id(instance) not in seen):
+            seen.add(id(instance))
+            context = getattr(instance, "compile_context", None)
+            generator = getattr(context, "gen", None)
+            if generator is not None and generator.gi_frame is not None:  # entered, not left
+                try:
+                    context.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001 - best effort: the capture's own error matters
+                    pass
+        tb = tb.tb_next
 
 
 def _timed_choice() -> bool:
