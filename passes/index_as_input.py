@@ -18,6 +18,7 @@ from torch_mlir.dialects import arith, linalg
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_named
 
 from .base import CAPass
+from .sibling_loops import loop_ranges
 
 _MAX_SIZE = 1 << 16  # the longest loop given a constant iota (8 bytes an element)
 
@@ -79,7 +80,7 @@ def _rewrite(g) -> bool:
     n_out = len(g.results)
     if n_out == 0 or any(not isinstance(r.type, ir.RankedTensorType) for r in g.results):
         return False  # on buffers, or nothing to rebuild from
-    ranges = _ranges(g)
+    ranges = loop_ranges(g)
     if ranges is None:
         return False
     dims = sorted({ir.IntegerAttr(op.attributes["dim"]).value for op in indices})
@@ -142,20 +143,3 @@ def _lookup(mapping: dict, value):
 def _iota(n: int, kind) -> ir.Value:
     data = array.array("q", range(n))
     return arith.ConstantOp(kind, ir.DenseElementsAttr.get(data, type=kind)).result
-
-
-def _ranges(g):
-    """The static size of each loop of `g`, or None where one is not known."""
-    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(g.attributes["indexing_maps"])]
-    sizes = [None] * maps[0].n_dims
-    for value, m in zip(g.operands, maps):
-        if not isinstance(value.type, ir.RankedTensorType):
-            continue
-        shape = ir.RankedTensorType(value.type).shape
-        for k, expr in enumerate(m.results):
-            if isinstance(expr.maybe_downcast(), ir.AffineDimExpr):
-                d = expr.maybe_downcast().position
-                if shape[k] == ir.ShapedType.get_dynamic_size():
-                    return None
-                sizes[d] = shape[k]
-    return None if any(s is None for s in sizes) else sizes

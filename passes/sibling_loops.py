@@ -74,7 +74,7 @@ def _iterators(g: ir.Operation) -> list:
     return [str(t) for t in ir.ArrayAttr(g.attributes["iterator_types"])]
 
 
-def _ranges(g: ir.Operation) -> Optional[list]:
+def loop_ranges(g: ir.Operation) -> Optional[list]:
     """The static size of each loop of `g`, or None where one is not known."""
     maps = _maps(g)
     sizes: list = [None] * maps[0].n_dims
@@ -103,8 +103,8 @@ def _inputs(g: ir.Operation) -> list:
 def _siblings(first, second, ops) -> bool:
     if _iterators(first) != _iterators(second):
         return False
-    ranges = _ranges(first)
-    if ranges is None or ranges != _ranges(second):
+    ranges = loop_ranges(first)
+    if ranges is None or ranges != loop_ranges(second):
         return False
     ins1, ins2 = _inputs(first), _inputs(second)
     if not any(a[0] == b[0] and a[1] == b[1] for a in ins1 for b in ins2):
