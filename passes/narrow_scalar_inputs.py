@@ -4,9 +4,10 @@ before the loop, so no f64 vector is made.
 Why: PyTorch saves a Python float a backward needs as a 0-d float64 tensor (`scores /
 math.sqrt(d)` in Hugging Face BERT's attention: `DivBackward0` keeps the divisor). The
 kernel reads it in a loop over f32 data as `arith.truncf %s : f64 to f32`, which the
-vectorizer turns into a broadcast to `vector<16xf64>` and a truncation per vector, and a
-module with 16-lane f64 vectors is compiled at 8 lanes (16 x f64 vectors once gave wrong
-gradients, cpu compiler `loops_and_llvm`): BERT's whole kernel module ran at 8 lanes.
+vectorizer turns into a broadcast to `vector<16xf64>` (two registers) and a truncation
+per vector, in every iteration. Rounded once before the loop, the body is f32 (or bf16
+under autocast) only. (The 8 lanes BERT's whole kernel module ran at came from the cpu
+compiler counting its 0-d f64 buffer as f64 data, `loops_and_llvm`: fixed there.)
 """
 
 import dataclasses
