@@ -40,11 +40,14 @@ def yield_(values: Sequence[ir.Value]) -> ir.Operation:
 
 def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequence[ir.Type],
          body: Optional[str] = None, none_at: Sequence[int] = (),
-         none_at_outputs: Sequence[int] = (), data_id: Optional[int] = None) -> ir.Operation:
+         none_at_outputs: Sequence[int] = (), data_id: Optional[int] = None,
+         saved: Optional[int] = None, saved_none_at: Sequence[int] = (),
+         outputs: Optional[Sequence[int]] = None) -> ir.Operation:
     """Creates a `ca.hook` of `kind` (e.g. `"tensor_pre_hook"`) calling hook `hook_id` on
     `args`; `body` names the `func.func` with its traced body, when there is one;
     `none_at` / `none_at_outputs` are the positions where the hook's gradient lists hold None
-    (attributes only when not empty); `data_id` is an unpack hook's packed-data position."""
+    (attributes only when not empty); `data_id` is an unpack hook's packed-data position;
+    `saved`, `saved_none_at` and `outputs` describe a `custom_backward` host call."""
     attrs = {"kind": ir.StringAttr.get(kind), "hook_id": _i64(hook_id)}
     if body is not None:
         attrs["body"] = ir.FlatSymbolRefAttr.get(body)
@@ -54,6 +57,12 @@ def hook(kind: str, hook_id: int, args: Sequence[ir.Value], result_types: Sequen
         attrs["none_at_outputs"] = ir.ArrayAttr.get([_i64(i) for i in none_at_outputs])
     if data_id is not None:
         attrs["data_id"] = _i64(data_id)
+    if saved is not None:
+        attrs["saved"] = _i64(saved)
+    if saved_none_at:
+        attrs["saved_none_at"] = ir.ArrayAttr.get([_i64(i) for i in saved_none_at])
+    if outputs is not None:
+        attrs["outputs"] = ir.ArrayAttr.get([_i64(i) for i in outputs])
     return _create("ca.hook", args, result_types, attrs)
 
 

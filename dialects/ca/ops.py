@@ -25,7 +25,7 @@ from torch_mlir import ir
 from .types import is_integer_like, is_tensor, tensor_sig, types_compatible
 
 HOOK_KINDS = ("tensor_pre_hook", "pre_hook", "post_hook", "post_acc_grad_hook", "cpp_tensor_pre_hook",
-              "unpack_hook")
+              "unpack_hook", "custom_backward")
 
 
 class CAOp:
@@ -223,11 +223,15 @@ class HookOp(CAOp):
       the four places PyTorch's autograd engine calls Python hooks, `cpp_tensor_pre_hook`,
       the engine's own C++ hooks on a gradient (`retain_grad()` is one), or `unpack_hook`,
       a saved-tensor hook giving back a tensor a node saved (`torch.autograd.graph.
-      saved_tensors_hooks`; non-reentrant activation checkpointing recomputes there);
+      saved_tensors_hooks`; non-reentrant activation checkpointing recomputes there), or
+      `custom_backward`, the backward of a custom `torch.autograd.Function` that camlir
+      cannot trace (it prints, keeps mutable state in `ctx`, runs a nested backward as a
+      reentrant checkpoint does): a host call, run in Python at its place in the program;
     - `hook_id` (integer >= 0): the hook's position in the backward's hook list. The runtime
       looks the Python callable up by this id, and compiled artifacts are guarded on the
       identity of the callable found there. For `cpp_tensor_pre_hook` it is the position in
       the running backward's table of C++ hooks, which the runtime calls through PyTorch;
+      for `custom_backward` the position of the node's `ctx` (its `BackwardCFunction`);
     - `body` (symbol, optional): a `func.func` holding the hook's traced body, when the hook
       could be traced. Its signature must equal the hook's operand and result types;
     - `data_id` (integer >= 0, `unpack_hook` only): the position, in the backward's packed
@@ -236,7 +240,14 @@ class HookOp(CAOp):
       `post_hook`): where the hook's gradient list (the grad_outputs of a pre hook, the
       grad_inputs of a post hook) and a post hook's grad_outputs hold None. Operands and
       results are the present gradients only; the runtime puts the Nones back before the
-      call, and a hook must leave them None.
+      call, and a hook must leave them None. On `custom_backward`, `none_at` is over its
+      grad_outputs;
+    - `saved` (integer >= 0), `saved_none_at` (array, optional), `outputs` (array of
+      integers; `custom_backward` only): the first `saved` operands are the node's saved
+      tensors (None at `saved_none_at`), the rest its grad_outputs; result i is entry
+      `outputs[i]` of the tuple the backward returns, after the engine's checks (summed to
+      the input's shape when it broadcast, cast to its dtype). Entries not listed are
+      None or gradients of inputs that need none.
 
     Arity by kind:
     - `tensor_pre_hook`, `cpp_tensor_pre_hook`: one gradient in, one gradient of the same
@@ -245,7 +256,9 @@ class HookOp(CAOp):
     - `post_hook`: a node's M grad_inputs followed by its grad_outputs in, M grad_inputs out
       (types equal to the first M operands);
     - `post_acc_grad_hook`: the parameter in, nothing out (the hook acts on `param.grad`);
-    - `unpack_hook`: nothing in, the unpacked tensor out (its type is what the capture saw).
+    - `unpack_hook`: nothing in, the unpacked tensor out (its type is what the capture saw);
+    - `custom_backward`: saved tensors then grad_outputs in, one tensor per entry of
+      `outputs` out.
 
     A hook may touch anything in Python: it is never removed as dead code nor moved across
     `ca.accumulate_grad` or another hook.
@@ -254,6 +267,9 @@ class HookOp(CAOp):
     ```mlir
     %g2 = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, body = @hook_0}
       : (!torch.vtensor<[10],f32>) -> !torch.vtensor<[10],f32>
+    %gx, %gw = "ca.hook"(%x, %w, %g) {kind = "custom_backward", hook_id = 1 : i64, saved = 2 : i64,
+        outputs = [0, 1]} : (!torch.vtensor<[4,3],f32>, !torch.vtensor<[3],f32>, !torch.vtensor<[4,3],f32>)
+      -> (!torch.vtensor<[4,3],f32>, !torch.vtensor<[3],f32>)
     ```
     """
 
@@ -276,7 +292,7 @@ class HookOp(CAOp):
         if data_id is not None and kind != "unpack_hook":
             return "'data_id' is only meaningful on unpack_hook"
         return _first_error(_hook_arity(kind, ins, outs), _check_hook_body(op, ins, outs),
-                            _check_none_positions(op, kind))
+                            _check_none_positions(op, kind), _check_custom_backward(op, kind, ins, outs))
 
 
 def _hook_arity(kind: str, ins, outs) -> Optional[str]:
@@ -298,6 +314,8 @@ def _hook_arity(kind: str, ins, outs) -> Optional[str]:
         if n_in != 0 or n_out != 1 or not is_tensor(outs[0]):
             return f"kind 'unpack_hook' takes nothing and returns 1 tensor, got {n_in} -> {n_out}"
         return None
+    if kind == "custom_backward":
+        return None  # checked with its attributes (_check_custom_backward)
     # post_acc_grad_hook
     if n_in != 1 or n_out != 0:
         return f"kind 'post_acc_grad_hook' takes the parameter and returns nothing, got {n_in} -> {n_out}"
@@ -306,16 +324,51 @@ def _hook_arity(kind: str, ins, outs) -> Optional[str]:
     return None
 
 
+_NONE_ATTR_KINDS = {"none_at": ("pre_hook", "post_hook", "custom_backward"), "none_at_outputs": ("post_hook",),
+                   "saved_none_at": ("custom_backward",), "outputs": ("custom_backward",)}
+
+
+def _int_array(attr) -> Optional[list]:
+    """The values of an array of non-negative integers, or None when `attr` is not one."""
+    if not isinstance(attr, ir.ArrayAttr) or not all(
+            isinstance(a, ir.IntegerAttr) and ir.IntegerAttr(a).value >= 0 for a in attr):
+        return None
+    return [ir.IntegerAttr(a).value for a in attr]
+
+
 def _check_none_positions(op, kind: str) -> Optional[str]:
-    for name in ("none_at", "none_at_outputs"):
+    for name, kinds in _NONE_ATTR_KINDS.items():
         attr = _attr(op, name)
         if attr is None:
             continue
-        if kind not in ("pre_hook", "post_hook") or (name == "none_at_outputs" and kind != "post_hook"):
-            return f"'{name}' is only meaningful on {'post_hook' if name == 'none_at_outputs' else 'pre_hook and post_hook'}"
-        if not isinstance(attr, ir.ArrayAttr) or not all(
-                isinstance(a, ir.IntegerAttr) and ir.IntegerAttr(a).value >= 0 for a in attr):
+        if kind not in kinds:
+            return f"'{name}' is only meaningful on {' and '.join(kinds)}"
+        if _int_array(attr) is None:
             return f"'{name}' must be an array of non-negative integers, got {attr}"
+    return None
+
+
+def _check_custom_backward(op, kind: str, ins, outs) -> Optional[str]:
+    saved = _attr(op, "saved")
+    if kind != "custom_backward":
+        return "'saved' is only meaningful on custom_backward" if saved is not None else None
+    n_saved, err = _int_attr(op, "saved")
+    if err:
+        return err
+    if n_saved > len(ins):
+        return f"kind 'custom_backward' has 'saved' = {n_saved} but only {len(ins)} operands"
+    outputs = _attr(op, "outputs")
+    if outputs is None:
+        return "kind 'custom_backward' requires array attribute 'outputs'"
+    positions = _int_array(outputs)
+    if positions is None:
+        return f"'outputs' must be an array of non-negative integers, got {outputs}"
+    if len(positions) != len(outs):
+        return f"kind 'custom_backward' has {len(outs)} results but 'outputs' lists {len(positions)} positions"
+    if positions != sorted(set(positions)):
+        return f"'outputs' must be strictly increasing, got {positions}"
+    if not all(is_tensor(t) for t in list(ins) + list(outs)):
+        return "kind 'custom_backward' takes and returns tensors only"
     return None
 
 

@@ -32,7 +32,7 @@ from . import backend_registry as registry
 from .cache import Artifact, Artifacts, RecompileLimitReached, SizeVariants
 from .capture import engine, miss_reasons, tensor_names
 from .capture.hook_trace import TRACED_KINDS
-from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_unpacked
+from .capture.retrace import RetraceError, has_unpack_hooks, plain_sizes, record_run
 from .context import make_context
 from .dialects.ca.ir_helpers import ops_named
 from .errors import ProgramRefused, UnsupportedError
@@ -117,7 +117,9 @@ class CompiledBackward:
         self._miss = None       # (what, reason) of the last guard that failed in a lookup
         self._pending_seconds = 0.0  # re-trace and import time, charged to the next compile
         self._disk_key = None        # this call's disk-cache key (None: not keyable or off)
-        self._unpacked = None        # what saved-tensor unpack hooks returned (record_unpacked)
+        self._unpacked = None        # what saved-tensor unpack hooks returned (record_run)
+        self._host_calls = {}        # host-call node -> the entries its backward returned as None
+        self._host_labels = {}       # hook index of a host-call node's ctx -> (node label, why)
         self._first_call = True      # no program of this graph has run yet
         self._pending = []           # PendingPrograms of this graph not yet resolved
         self.ran_pending = False     # this call ran PyTorch's graph: its program is compiling
@@ -186,12 +188,19 @@ class CompiledBackward:
                 artifact = self._from_disk(settings, inputs, sizes_, scalars, hooks)
             if artifact is None and self._unpacked is None and has_unpack_hooks(self.gm):
                 ready = time.perf_counter()
-                results = self._learn_unpacked(inputs, sizes, scalars, hooks, packed_data)
+                results = self._learn(inputs, sizes, scalars, hooks, packed_data)
                 if entered:
                     self._first_timed(entered, ready, "PyTorch's graph, to see what its unpack hooks return")
                 return results
             if artifact is None:
-                artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
+                try:
+                    artifact = self._compile(settings, inputs, sizes, scalars, hooks, packed_data)
+                except _RunForReal as first:
+                    ready = time.perf_counter()
+                    results = self._learn(inputs, sizes, scalars, hooks, packed_data, first.host_nodes)
+                    if entered:
+                        self._first_timed(entered, ready, "PyTorch's graph, to see what its host-call nodes return")
+                    return results
             args = list(inputs) + (sizes_ if artifact.retraced.symbolic else [])
             program = artifact.program
             if isinstance(program, SizeVariants):
@@ -261,18 +270,34 @@ class CompiledBackward:
         """Keeps the first call's phases for the engine's `backward` event."""
         self.first_backward = (self.capture_seconds, ready - entered, time.perf_counter() - ready, ran)
 
-    def _learn_unpacked(self, inputs, sizes, scalars, hooks, packed_data) -> list:
-        """A graph with saved-tensor unpack hooks (activation checkpointing): its first call
-        runs the captured graph itself, recording what the hooks return (for checkpointing,
-        the recomputed activations), which the re-trace of the next call needs. That call
-        then compiles, and the hooks stay Python calls inside the compiled backward."""
+    def _learn(self, inputs, sizes, scalars, hooks, packed_data, host_nodes=()) -> list:
+        """A graph with saved-tensor unpack hooks (activation checkpointing) or host-call
+        nodes: its first call runs the captured graph itself, recording what the hooks
+        return (for checkpointing, the recomputed activations) and which entries the
+        host-call nodes' backwards return as None, which the re-trace of the next call
+        needs. That call then compiles; hooks and host calls stay Python calls inside the
+        compiled backward."""
         start = time.perf_counter()
-        results, self._unpacked = record_unpacked(self.gm, inputs, sizes, scalars, hooks, packed_data)
+        results, unpacked, host_calls = record_run(self.gm, inputs, sizes, scalars, hooks, packed_data, host_nodes)
+        self._unpacked = unpacked
+        self._host_calls.update(host_calls)
+        if host_nodes:
+            what, why = "host calls", f"{len(host_nodes)} host-call nodes return (which of their gradients are None)"
+        else:
+            what, why = "unpack hooks", f"{len(unpacked)} saved-tensor unpack hooks return"
         events.record(events.Event(self.capture_id, "fallback",
-                                   f"first call runs PyTorch's graph to see what its {len(self._unpacked)} "
-                                   f"saved-tensor unpack hooks return; the next call compiles",
-                                   "unpack hooks", seconds=time.perf_counter() - start))
+                                   f"first call runs PyTorch's graph to see what its {why}; the next call compiles",
+                                   what, seconds=time.perf_counter() - start))
         return list(results)
+
+    def _tell_host_calls(self, host_nodes: dict) -> None:
+        """One `host_call` event (and an INFO line) per node whose backward runs in Python."""
+        self._host_labels = {hook_id: (label, why) for label, (hook_id, why) in host_nodes.items()}
+        for label, (_, why) in host_nodes.items():
+            reason = (f"autograd node {label} runs its own backward in Python inside the compiled program (a host "
+                      f"call; the kernels around it stay compiled): it could not be traced: {why}")
+            events.record(events.Event(self.capture_id, "host_call", reason, f"node {label}"))
+            logs.log.info("graph %d: %s", self.capture_id, reason)
 
     def compiling(self, what: str, reason: str, old, new, build):
         """The gate every compile of this graph goes through: refuses past
@@ -323,13 +348,22 @@ class CompiledBackward:
         start = time.perf_counter()
         dump = Dump.for_graph(self.capture_id)
         try:
-            retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump, self._unpacked)
+            retraced = pipeline.make_aten(self.gm, inputs, sizes, scalars, hooks, packed_data, dump, self._unpacked,
+                                          self._host_calls)
         except RetraceError as exc:
             raise UnsupportedError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - anything else in tracing is also "cannot handle"
             raise UnsupportedError(f"re-tracing the backward failed: {type(exc).__name__}: {exc}") from exc
+        if retraced.host_nodes and settings.fullgraph:
+            raise UnsupportedError(f"graph {self.capture_id} is not all compiled code: " + "; ".join(
+                f"autograd node {label} would run its backward in Python (a host call: it could not be traced: "
+                f"{why})" for label, (_, why) in retraced.host_nodes.items()))
+        if retraced.unseen:
+            raise _RunForReal(retraced.unseen)
+        self._tell_host_calls(retraced.host_nodes)
         try:
-            module = pipeline.make_ca(retraced, dump, effects.in_captured_graph(self.gm))
+            module = pipeline.make_ca(retraced, dump, effects.in_captured_graph(
+                self.gm, len(retraced.host_nodes), retraced.skipped_accumulations))
         except UnsupportedError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -500,7 +534,22 @@ class CompiledBackward:
             return self._interpreted(backend, module, variant, args, hooks, dump, exc)
         if not backend.reference:
             program.not_native = self._not_native(module, guard)
+        else:
+            program.not_native = self._not_native_interpreted(module, hooks)
         return program, guard
+
+    def _not_native_interpreted(self, module, hooks) -> str:
+        """What of a reference-backend program would not be compiled code on a compiling
+        backend, so that `fullgraph=True` means the same on every backend: host calls, and
+        hooks that cannot be traced (found by tracing them on a copy, as the cpu backend's
+        trace-hooks stage does; only under `fullgraph`, the one reader)."""
+        settings = active_settings()
+        if settings is None or not settings.fullgraph:
+            return ""
+        from .capture.hook_trace import trace_hooks
+
+        guard = trace_hooks(ir.Module.parse(str(module), module.context), hooks, device="cpu")
+        return self._not_native(module, guard)
 
     def _interpreted(self, backend, module, variant: Variant, args, hooks, dump, exc):
         """The reference interpreter's program, for a compile of `backend` that raised `exc`."""
@@ -540,20 +589,25 @@ class CompiledBackward:
         self._pending.append(pending)
         return pending
 
-    @staticmethod
-    def _not_native(module, guard) -> str:
+    def _not_native(self, module, guard) -> str:
         """The hooks camlir would compile but left as Python calls ("" when none). A
         program built without tracing hooks (`guard` None: runtime sizes) leaves them all.
         Kinds camlir always runs in Python (module post hooks, post-accumulate-grad hooks:
         they exist for their effects in Python) do not count."""
         kinds = {ir.IntegerAttr(op.attributes["hook_id"]).value: ir.StringAttr(op.attributes["kind"]).value
                  for op in ops_named(module, "ca.hook")}
+        host = []
+        for hook_id, kind in sorted(kinds.items()):
+            if kind == "custom_backward":
+                label, why = self._host_labels.get(hook_id, (f"with ctx hook {hook_id}", "?"))
+                host.append(f"autograd node {label} runs its backward in Python (a host call: it could not be "
+                            f"traced: {why})")
         if guard is None:
-            return "; ".join(f"hook {hook_id} stays a Python call (hooks are traced only with static sizes)"
-                             for hook_id, kind in sorted(kinds.items()) if kind in TRACED_KINDS)
-        return "; ".join(f"hook {hook_id} stays a Python call ({why})"
-                         for hook_id, why in sorted(guard.refused.items())
-                         if kinds.get(hook_id) in TRACED_KINDS)
+            return "; ".join(host + [f"hook {hook_id} stays a Python call (hooks are traced only with static sizes)"
+                                     for hook_id, kind in sorted(kinds.items()) if kind in TRACED_KINDS])
+        return "; ".join(host + [f"hook {hook_id} stays a Python call ({why})"
+                                 for hook_id, why in sorted(guard.refused.items())
+                                 if kinds.get(hook_id) in TRACED_KINDS])
 
     def _size_variants(self, backend, module, inputs, stored=None) -> SizeVariants:
         """A symbolic capture on a backend that compiles static sizes: one program with
@@ -566,6 +620,15 @@ class CompiledBackward:
             return self.build(backend, module, variant, args, hooks, interpret_on_failure, background=background)
 
         return SizeVariants(len(inputs), shaped, build, self.compiling, backend.runtime_sizes, stored)
+
+
+class _RunForReal(Exception):
+    """The re-trace made nodes host calls without knowing what their backwards return:
+    this call runs PyTorch's graph to see it (`CompiledBackward._learn`), the next compiles."""
+
+    def __init__(self, host_nodes):
+        super().__init__(f"host-call nodes {sorted(host_nodes)} have not run yet")
+        self.host_nodes = set(host_nodes)
 
 
 def service_workers() -> int:

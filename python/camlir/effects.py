@@ -23,8 +23,11 @@ from camlir.errors import UnsupportedError
 ACCUMULATE = "accumulate_grad"
 
 
-def in_captured_graph(gm) -> Counter:
-    """Accumulations and hooks (by kind) in the graph compiled autograd handed over."""
+def in_captured_graph(gm, host_calls: int = 0, none_accumulations: int = 0) -> Counter:
+    """Accumulations and hooks (by kind) in the graph compiled autograd handed over, plus
+    the `host_calls` custom Function backwards the re-trace left as host calls (each one
+    `ca.hook` of kind `custom_backward`: it runs Python, so it must stay exactly once), less
+    the `none_accumulations` that receive None from one (the engine adds nothing there)."""
     import torch  # here: a compile worker checks modules (`in_module`, `check`) without torch
     from torch._dynamo.external_utils import call_accumulate_grad, call_hook
 
@@ -38,7 +41,10 @@ def in_captured_graph(gm) -> Counter:
             found[n.kwargs.get("hook_type", "?")] += 1
         elif n.target is torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks:
             found["cpp_tensor_pre_hook"] += 1
-    return found
+    if host_calls:
+        found["custom_backward"] = host_calls
+    found[ACCUMULATE] -= none_accumulations
+    return +found
 
 
 def in_module(module: ir.Module, func_name: str = "backward", python_hooks_only: bool = False) -> Counter:

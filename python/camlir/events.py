@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from camlir import logs
 
-KINDS = ("capture", "compile", "ready", "disk_hit", "backward", "fallback", "recompile_limit", "choice")
+KINDS = ("capture", "compile", "ready", "disk_hit", "backward", "fallback", "recompile_limit", "choice", "host_call")
 # A long training run with a recompiling graph must not grow memory without bound; the
 # oldest records go first (the recompile limit stops a storm long before this).
 MAX_EVENTS = 10_000
@@ -33,7 +33,8 @@ class Event:
 
     `graph`: the capture id (as in logs and `CA_DUMP_DIR`); `kind`: one of `KINDS` (a
     `choice` is the measured pick between a compiled program and PyTorch's captured graph,
-    `old`/`new` its ms per backward: program, PyTorch);
+    `old`/`new` its ms per backward: program, PyTorch; a `host_call` names a node whose
+    backward runs in Python inside the compiled program, `new` the count in that graph);
     `reason`: a sentence; `what`: which node, size, hook or guard it is about
     ("node ReluBackward0", "sizes", "hook 2", "ctx value", "backend", "first call");
     `old`/`new`: the value before and after where there is one (size lists, hook labels,

@@ -165,13 +165,13 @@ def _run(stages: list, work: Work) -> None:
 
 # --------------------------------------------------------------------------- shared by every backend
 
-def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump, unpacked=None):
+def make_aten(gm, inputs, sizes, scalars, hooks, packed_data, dump: Dump, unpacked=None, host_calls=None):
     """retrace: the captured graph on fake tensors, down to aten ops with node provenance
-    (`unpacked`: what saved-tensor unpack hooks returned, see `retrace.record_unpacked`);
-    a `capture.retrace.Retraced`."""
+    (`unpacked`, `host_calls`: what saved-tensor unpack hooks and host-call nodes returned
+    when the graph ran for real, see `retrace.record_run`); a `capture.retrace.Retraced`."""
     from camlir.capture.retrace import retrace
 
-    retraced = retrace(gm, inputs, sizes, scalars, hooks, packed_data, unpacked)
+    retraced = retrace(gm, inputs, sizes, scalars, hooks, packed_data, unpacked, host_calls)
     dump("retrace", retraced.graph.code)
     return retraced
 

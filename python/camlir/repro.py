@@ -33,7 +33,8 @@ replaces each by a hook that returns None ("unchanged") and says so loudly in th
 output; the automatic repro on failure uses "identity" (a failing compile is worth a repro
 even with its hooks neutralized). C++ hooks (`cpp_tensor_pre_hook`) and saved-tensor unpack
 hooks (activation checkpointing: their packed data is whatever the forward stored) are always
-refused. Strided inputs are saved as clones: an expanded (stride-0) input comes back dense.
+refused, and so are host calls (`custom_backward`: the node's `ctx` is a live object of the
+backward that made it). Strided inputs are saved as clones: an expanded (stride-0) input comes back dense.
 """
 
 import json
@@ -47,7 +48,7 @@ from .capture.retrace import plain_sizes
 from .context import make_context
 from .stages import Dump
 
-ALWAYS_REFUSED = ("cpp_tensor_pre_hook", "unpack_hook")
+ALWAYS_REFUSED = ("cpp_tensor_pre_hook", "unpack_hook", "custom_backward")
 
 
 def _env_keep() -> bool:

@@ -42,3 +42,13 @@ func.func @unpack() -> !torch.vtensor<[4,8],f32> {
   %t = "ca.hook"() {kind = "unpack_hook", hook_id = 5 : i64, data_id = 2 : i64} : () -> !torch.vtensor<[4,8],f32>
   return %t : !torch.vtensor<[4,8],f32>
 }
+
+// A host call: the backward of a custom autograd.Function camlir could not trace. Two saved
+// tensors (the second None: `saved_none_at`), one grad_output; results are entries 0 and 2
+// of what the backward returns (entry 1 needs no gradient).
+// CHECK-LABEL: func.func @custom_backward
+// CHECK: "ca.hook"(%{{.*}}, %{{.*}}) {hook_id = 4 : i64, kind = "custom_backward", outputs = [0, 2], saved = 1 : i64, saved_none_at = [1]} : (!torch.vtensor<[4,3],f32>, !torch.vtensor<[4,3],f32>) -> (!torch.vtensor<[4,3],f32>, !torch.vtensor<[3],f32>)
+func.func @custom_backward(%x: !torch.vtensor<[4,3],f32>, %g: !torch.vtensor<[4,3],f32>) -> !torch.vtensor<[3],f32> {
+  %gx, %gw = "ca.hook"(%x, %g) {kind = "custom_backward", hook_id = 4 : i64, saved = 1 : i64, saved_none_at = [1], outputs = [0, 2]} : (!torch.vtensor<[4,3],f32>, !torch.vtensor<[4,3],f32>) -> (!torch.vtensor<[4,3],f32>, !torch.vtensor<[3],f32>)
+  return %gw : !torch.vtensor<[3],f32>
+}

@@ -389,3 +389,35 @@ func.func @data_id_on_another_kind(%g: tensor<4xf32>) -> tensor<4xf32> {
   %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, data_id = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
   return %r : tensor<4xf32>
 }
+
+// -----
+
+func.func @custom_backward_without_outputs(%x: tensor<4xf32>, %g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{kind 'custom_backward' requires array attribute 'outputs'}}
+  %r = "ca.hook"(%x, %g) {kind = "custom_backward", hook_id = 0 : i64, saved = 1 : i64} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @custom_backward_outputs_count(%x: tensor<4xf32>, %g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{kind 'custom_backward' has 1 results but 'outputs' lists 2 positions}}
+  %r = "ca.hook"(%x, %g) {kind = "custom_backward", hook_id = 0 : i64, saved = 1 : i64, outputs = [0, 1]} : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @custom_backward_too_many_saved(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{kind 'custom_backward' has 'saved' = 3 but only 1 operands}}
+  %r = "ca.hook"(%g) {kind = "custom_backward", hook_id = 0 : i64, saved = 3 : i64, outputs = [0]} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+
+// -----
+
+func.func @saved_on_another_kind(%g: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error@+1 {{'saved' is only meaningful on custom_backward}}
+  %r = "ca.hook"(%g) {kind = "tensor_pre_hook", hook_id = 0 : i64, saved = 0 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}

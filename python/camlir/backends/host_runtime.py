@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch._dynamo.external_utils import call_accumulate_grad, call_hook
+from torch._dynamo.external_utils import call_accumulate_grad, call_backward, call_hook
 from torch_mlir import ir
 from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_INT, TORCH_LAYOUT_TO_INT, TORCH_MEMORY_FORMAT_TO_INT
 
@@ -237,6 +237,8 @@ def _hook_handler(op):
         return tensor_pre
     if kind == "unpack_hook":
         return _unpack_handler(op, ident)
+    if kind == "custom_backward":
+        return _custom_backward_handler(op, ident)
     if kind == "cpp_tensor_pre_hook":
         run_cpp_hooks = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks
         def cpp_tensor_pre(ins, rt):
@@ -290,6 +292,70 @@ def _unpack_handler(op, ident):
                                f"backward was built for {expected} (the tensor the capture saw)")
         return (out,)
     return unpack
+
+
+def _ints(op, name: str) -> list:
+    return [ir.IntegerAttr(a).value for a in op.attributes[name]] if name in op.attributes else []
+
+
+def _custom_backward_handler(op, ident):
+    """A host call: the backward of a custom autograd.Function camlir could not trace, run
+    as compiled autograd runs it (`call_backward`, with the saved tensors handed over). Its
+    gradients then get the engine's checks (`validate_outputs`): one that broadcast is summed
+    to the input's shape, one of another dtype is cast. One that is None where the program
+    was built for a tensor (the capture's real run saw one there) cannot be given to the
+    kernels that follow: a clear error, never a wrong gradient."""
+    n_saved = ir.IntegerAttr(op.attributes["saved"]).value
+    saved_none_at, none_at, positions = _ints(op, "saved_none_at"), _ints(op, "none_at"), _ints(op, "outputs")
+    expected = [_shape_and_dtype(r.type) for r in op.results]
+
+    def custom_backward(ins, rt):
+        rt.touched = True
+        ctx = rt.hooks[ident]
+        saved = with_nones(list(ins[:n_saved]), saved_none_at)
+        grads = with_nones(list(ins[n_saved:]), none_at)
+        outs = call_backward(ctx, saved, *grads)
+        name = getattr(getattr(ctx, "_forward_cls", None), "__name__", "a custom Function")
+        results = []
+        for position, (dims, dtype) in zip(positions, expected):
+            out = outs[position] if position < len(outs) else None
+            if not isinstance(out, torch.Tensor):
+                raise RuntimeError(f"camlir: the backward of {name} returned {type(out).__name__} as gradient "
+                                   f"#{position}, where the compiled backward was built for a tensor (the "
+                                   f"capture's run returned one there)")
+            if out.dim() >= len(dims) and (out.dim() > len(dims) or any(
+                    d is not None and d != s for d, s in zip(dims, out.shape))):
+                target = [s if d is None else d for d, s in zip(dims, out.shape[out.dim() - len(dims):])]
+                if torch.Size(target).numel() and _expands_to(target, out.shape):
+                    out = out.sum_to_size(target)  # the engine's rule for a gradient that broadcast
+            if out.dim() != len(dims) or any(d is not None and d != s for d, s in zip(dims, out.shape)):
+                raise RuntimeError(f"camlir: the backward of {name} returned a gradient #{position} of shape "
+                                   f"{tuple(out.shape)}; the input has shape {tuple(dims)}")
+            if dtype is not None and out.dtype != dtype:
+                out = out.to(dtype)
+            results.append(out)
+        return tuple(results)
+    return custom_backward
+
+
+def _expands_to(shape, to) -> bool:
+    """Whether a tensor of `shape` broadcasts to `to` (so `sum_to_size` undoes it)."""
+    lead = len(to) - len(shape)
+    return lead >= 0 and all(s in (1, t) for s, t in zip(shape, to[lead:]))
+
+
+def _shape_and_dtype(t: ir.Type) -> tuple:
+    """(dims with None for `?`, torch dtype or None) of a `!torch.vtensor` type."""
+    m = re.match(r"!torch\.vtensor<\[([^\]]*)\],([a-z0-9]+)>", str(t))
+    if not m:
+        return [], None
+    dims = [None if d == "?" else int(d) for d in m.group(1).split(",")] if m.group(1) else []
+    return dims, _DTYPE_NAMES.get(m.group(2))
+
+
+_DTYPE_NAMES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
+                "si64": torch.int64, "si32": torch.int32, "si16": torch.int16, "si8": torch.int8,
+                "ui8": torch.uint8, "i1": torch.bool}
 
 
 def _check_hook_results(hook, kind, grads, outs) -> None:

@@ -10,13 +10,15 @@ and never on the calls that follow. PyTorch's own test suite has two (docs/pytor
 trace time, not when the backward ran (test_reentrant_priority).
 
 `outside_writes(fn)` names the first such write it finds in `fn`'s bytecode, or returns
-None. The re-trace then refuses the node (`BackwardWritesOutside`): the backward falls back
-to PyTorch, which runs the Python for real, or fails under `fullgraph=True`. Found:
+None. The re-trace then refuses the node (`BackwardWritesOutside`): the node becomes a host
+call, whose backward runs in Python on every call, or `fullgraph=True` fails. Found:
 
 - a store to a global (`global n; n += 1`) or to an enclosing function's variable
   (`nonlocal x; x = ...`), or their deletion;
-- a store to an attribute or item of a value read from a global or a closure cell
-  (`state.calls += 1`, `cache[k] = g`);
+- a store to an attribute or item of a value read from a global or a closure cell, or of
+  a part of one (`state.calls += 1`, `cache[k] = g`, `Fn.calls[0] += 1`), also through a
+  local bound to it (`calls = Fn.calls; calls[0] = 1`); the object written is followed
+  back through the bytecode, and one it cannot follow counts as outside;
 - a call of a mutating method on such a value (`order.append(...)`, `seen.add(...)`,
   `log.update(...)`);
 - `print(...)`.
@@ -29,6 +31,7 @@ the backward's own locals are allowed: both belong to this one backward call.
 from __future__ import annotations
 
 import dis
+import sys
 import types
 from typing import Callable, Optional
 
@@ -66,26 +69,47 @@ def _in_code(code: types.CodeType, free: set) -> Optional[str]:
     the backward (a function defined inside the backward shares the backward's own cells,
     which are not outside)."""
     instructions = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+    aliases = set()  # locals bound to an outside value or a part of one (`calls = Fn.calls`)
+
+    def outside(k: int, depth: int) -> Optional[str]:
+        """How the object at stack `depth` before instruction `k` comes from outside the
+        backward, "" when it is the backward's own, None when it cannot be followed."""
+        j = _root(instructions, _producer(instructions, k, depth))
+        if j is None:
+            return None
+        ins = instructions[j]
+        if ins.opname in ("LOAD_FAST", "LOAD_FAST_CHECK") and ins.argval in aliases:
+            return f"{ins.argval!r} (bound to a value from outside the backward)"
+        return _outside_value(instructions, j, free) or ""
+
+    def refused(what: str, owner: Optional[str]) -> Optional[str]:
+        if owner is None:
+            return f"{what} of a value camlir cannot follow in the bytecode"
+        return f"{what} of {owner}" if owner else None
+
     for k, ins in enumerate(instructions):
         op, name = ins.opname, ins.argval
         if op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             return f"writes the global {name!r}"
         if op in ("STORE_DEREF", "DELETE_DEREF") and name in free:
             return f"writes {name!r} of an enclosing function (nonlocal)"
+        if op == "STORE_FAST":
+            if outside(k, 0):
+                aliases.add(name)
+            else:
+                aliases.discard(name)
+        found = None
         if op in ("STORE_ATTR", "DELETE_ATTR"):
-            owner = _outside_value(instructions, _attr_owner(instructions, k, name), free)
-            if owner is not None:
-                return f"writes the attribute {name!r} of {owner}"
-        if op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
-            owner = next((o for o in (_outside_value(instructions, j, free) for j in range(k - 3, k)) if o), None)
-            if owner is not None:
-                return f"writes an item of {owner}"
-        if op in ("LOAD_ATTR", "LOAD_METHOD") and _method_name(name) in _MUTATING_METHODS:
-            owner = _outside_value(instructions, k - 1, free)
-            if owner is not None:
-                return f"calls {owner}.{_method_name(name)}()"
-        if op in ("LOAD_GLOBAL", "LOAD_NAME") and _method_name(name) == "print":
-            return "calls print()"
+            found = refused(f"writes the attribute {name!r}", outside(k, 0))
+        elif op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+            found = refused("writes an item", outside(k, 1))
+        elif op in ("LOAD_ATTR", "LOAD_METHOD") and _method_name(name) in _MUTATING_METHODS:
+            owner = outside(k, 0)
+            found = f"calls {owner}.{_method_name(name)}()" if owner else None
+        elif op in ("LOAD_GLOBAL", "LOAD_NAME") and _method_name(name) == "print":
+            found = "calls print()"
+        if found is not None:
+            return found
     for const in code.co_consts:  # functions and lambdas defined inside the backward
         if isinstance(const, types.CodeType):
             found = _in_code(const, free & set(const.co_freevars))
@@ -94,16 +118,61 @@ def _in_code(code: types.CodeType, free: set) -> Optional[str]:
     return None
 
 
-def _attr_owner(instructions: list, k: int, name: str) -> int:
-    """The index of the instruction that loaded the object `instructions[k]` stores the
-    attribute `name` of: the one right before, or for `obj.name += v` (load obj, COPY,
-    LOAD_ATTR name, ..., SWAP, STORE_ATTR name) the one before the COPY."""
-    if k >= 1 and instructions[k - 1].opname == "SWAP":
-        for j in range(k - 2, 0, -1):
-            ins = instructions[j]
-            if ins.opname == "LOAD_ATTR" and _method_name(ins.argval) == name and instructions[j - 1].opname == "COPY":
-                return j - 2
-    return k - 1
+# (values popped, values pushed) of the instructions `_producer` walks back over; anything
+# else (a jump, an unknown opcode) ends the walk, and the write is taken as an outside one.
+_SIMPLE = {"LOAD_FAST": (0, 1), "LOAD_FAST_CHECK": (0, 1), "LOAD_CONST": (0, 1), "LOAD_DEREF": (0, 1),
+           "LOAD_CLASSDEREF": (0, 1), "LOAD_NAME": (0, 1), "LOAD_CLOSURE": (0, 1), "PUSH_NULL": (0, 1),
+           "LOAD_METHOD": (1, 2), "BINARY_OP": (2, 1), "BINARY_SUBSCR": (2, 1), "COMPARE_OP": (2, 1),
+           "IS_OP": (2, 1), "CONTAINS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1),
+           "UNARY_INVERT": (1, 1), "PRECALL": (0, 0), "KW_NAMES": (0, 0), "NOP": (0, 0), "RESUME": (0, 0),
+           "GET_ITER": (1, 1), "LOAD_ASSERTION_ERROR": (0, 1)}
+
+
+def _effect(ins) -> Optional[tuple]:
+    op, arg = ins.opname, ins.arg or 0
+    if op == "LOAD_GLOBAL":  # Python 3.11+: the low bit also pushes a NULL before it
+        return (0, 2 if arg & 1 else 1)
+    if op == "LOAD_ATTR":  # Python 3.12+: the low bit makes it a method load (NULL/self + attr)
+        return (1, 2 if sys.version_info >= (3, 12) and arg & 1 else 1)
+    if op == "CALL":
+        return (arg + 2, 1)
+    if op in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_STRING"):
+        return (arg, 1)
+    if op == "BUILD_MAP":
+        return (2 * arg, 1)
+    return _SIMPLE.get(op)
+
+
+def _producer(instructions: list, k: int, depth: int) -> Optional[int]:
+    """The index of the instruction that pushed the value found at stack `depth` (0: the
+    top) just before instruction `k`, walking back over straight-line code; None when
+    the walk meets something it does not model."""
+    for j in range(k - 1, -1, -1):
+        ins = instructions[j]
+        if ins.opname == "COPY":
+            if depth == 0:
+                return _producer(instructions, j, ins.arg - 1)
+            depth -= 1
+        elif ins.opname == "SWAP":
+            depth = ins.arg - 1 if depth == 0 else 0 if depth == ins.arg - 1 else depth
+        else:
+            effect = _effect(ins)
+            if effect is None:
+                return None
+            pops, pushes = effect
+            if depth < pushes:
+                return j
+            depth += pops - pushes
+        if ins.is_jump_target:
+            return None
+    return None
+
+
+def _root(instructions: list, j: Optional[int]) -> Optional[int]:
+    """Follows an attribute or item load (`a.b[0].c`) back to the load of its base object."""
+    while j is not None and instructions[j].opname in ("LOAD_ATTR", "BINARY_SUBSCR", "LOAD_METHOD"):
+        j = _producer(instructions, j, 1 if instructions[j].opname == "BINARY_SUBSCR" else 0)
+    return j
 
 
 def _method_name(argval) -> str:

@@ -158,6 +158,37 @@ def _(hook_id, data_id, size, stride, dtype):
     return torch.empty_strided(size, stride, dtype=dtype)
 
 
+@torch.library.custom_op("camlir::custom_backward", mutates_args=())
+def custom_backward(hook_id: int, saved: list[Tensor], saved_none_at: list[int], grads: list[Tensor],
+                    none_at: list[int], outputs: list[int], sizes: list[int], ranks: list[int],
+                    dtypes: list[int]) -> list[Tensor]:
+    """`camlir::custom_backward`: the backward of the custom autograd.Function whose `ctx`
+    is hook `hook_id`, run in Python (a host call: camlir could not trace it). `saved` and
+    `grads` are the present saved tensors and grad_outputs, None at `saved_none_at` /
+    `none_at`. Returns entries `outputs` of the backward's result, shaped as the engine
+    wants them: result i has the next `ranks[i]` of `sizes` and dtype number `dtypes[i]`
+    (what the node's input metadata says). Imported as `ca.hook` of kind `custom_backward`;
+    never run at trace time."""
+    raise RuntimeError("camlir::custom_backward runs only inside a compiled backward (its ctx lives in "
+                       "the backward call)")
+
+
+@custom_backward.register_fake
+def _(hook_id, saved, saved_none_at, grads, none_at, outputs, sizes, ranks, dtypes):
+    out, at = [], 0
+    for rank, dtype in zip(ranks, dtypes):
+        out.append(torch.empty(sizes[at:at + rank], dtype=DTYPES[dtype]))
+        at += rank
+    return out
+
+
+# PyTorch's ScalarType numbering (c10/core/ScalarType.h), as compiled autograd's input
+# metadata carries a dtype: the floating and integer types a gradient can have.
+DTYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+          6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool,
+          15: torch.bfloat16}
+
+
 LEAF_OPS = {
     "camlir.tensor_pre_hook": "tensor_pre_hook",
     "camlir.cpp_tensor_pre_hook": "cpp_tensor_pre_hook",
@@ -165,6 +196,7 @@ LEAF_OPS = {
     "camlir.post_hook": "post_hook",
     "camlir.post_acc_grad_hook": "post_acc_grad_hook",
     "camlir.unpack_hook": "unpack_hook",
+    "camlir.custom_backward": "custom_backward",
 }
 
 # Every leaf has an effect that no result shows (a hook runs Python; accumulation writes
@@ -172,5 +204,5 @@ LEAF_OPS = {
 # dead-code elimination when it rewrites `as_strided`, and with the leaves declared pure it
 # deleted every accumulation of such a backward (no gradient at all, no error).
 for _op in (tensor_pre_hook, cpp_tensor_pre_hook, pre_hook, post_hook, post_acc_grad_hook, unpack_hook,
-            accumulate_grad):
+            custom_backward, accumulate_grad):
     torch.fx.node.has_side_effect(_op._opoverload)

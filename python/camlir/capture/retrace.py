@@ -13,6 +13,7 @@ Tracing can specialise (e.g. assume two symbols are equal); the guards it relied
 kept and checked on every call (`Retraced.guards_hold`).
 """
 
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -28,7 +29,7 @@ from camlir.cache import ValueGuard
 
 from . import leaves  # noqa: F401  (registers the camlir:: ops)
 from .backward_effects import BackwardWritesOutside, outside_writes
-from .baked_values import BakedValueRefused, RecordingCtx
+from .baked_values import RecordingCtx
 from .decompositions import decomposition_table
 
 _ORIGIN = re.compile(r"^\s*(\S[^\n]*?) \(NodeCall (\d+)\)\s*$", re.M)
@@ -97,10 +98,12 @@ def has_unpack_hooks(gm: fx.GraphModule) -> bool:
                for n in gm.graph.nodes)
 
 
-class _UnpackRecorder(fx.Interpreter):
-    def __init__(self, gm):
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm, host_nodes=()):
         super().__init__(gm)
         self.seen = {}
+        self.host_nodes = set(host_nodes)
+        self.host_calls = {}
 
     def run_node(self, n):
         out = super().run_node(n)
@@ -108,17 +111,21 @@ class _UnpackRecorder(fx.Interpreter):
             if not isinstance(out, torch.Tensor):
                 raise RuntimeError(f"a saved-tensor unpack hook returned {type(out).__name__}, not a tensor")
             self.seen[n.name] = (tuple(out.shape), tuple(out.stride()), out.dtype)
+        if n.name in self.host_nodes:
+            self.host_calls[n.name] = frozenset(i for i, g in enumerate(out) if g is None)
         return out
 
 
-def record_unpacked(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data) -> tuple:
+def record_run(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data, host_nodes=()) -> tuple:
     """Runs the captured graph for real (it is the backward: gradients land in `.grad`),
-    recording what each saved-tensor unpack hook returned: (results, {node name: (size,
-    stride, dtype)}). The re-trace needs those as fake tensors, and only running the hook
-    (for checkpointing: the forward's recomputation) tells them."""
-    recorder = _UnpackRecorder(gm)
+    recording what each saved-tensor unpack hook returned and which entries the backwards
+    of host-call nodes (FX names `host_nodes`) returned as None: (results, {node name:
+    (size, stride, dtype)}, {node name: positions of None}). The re-trace needs those, and
+    only running the hook (for checkpointing: the forward's recomputation) or the backward
+    tells them."""
+    recorder = _Recorder(gm, host_nodes)
     results = recorder.run(inputs, sizes, scalars, hooks, packed_data)
-    return results, recorder.seen
+    return results, recorder.seen, recorder.host_calls
 
 
 def node_label(n: fx.Node) -> str:
@@ -143,10 +150,15 @@ class _Retracer(fx.Interpreter):
     what custom Functions' backwards read from `ctx` goes through the lift-or-guard rule
     into `value_guard`."""
 
-    def __init__(self, gm, value_guard: ValueGuard, unpacked: Optional[dict] = None):
+    def __init__(self, gm, value_guard: ValueGuard, unpacked: Optional[dict] = None,
+                 host_calls: Optional[dict] = None):
         super().__init__(gm)
         self.value_guard = value_guard
         self.unpacked = unpacked or {}
+        self.host_calls = host_calls if host_calls is not None else {}
+        self.host_nodes = {}   # node label -> (its ctx's hook index, why its backward is a host call)
+        self.unseen = set()    # FX names of host-call nodes whose None outputs are not known yet
+        self.skipped_accumulations = 0  # accumulations of a None gradient (from a host call)
 
     def run_node(self, n: fx.Node) -> Any:
         self._current = n
@@ -178,30 +190,94 @@ class _Retracer(fx.Interpreter):
             if kind == "unpack_hook":
                 if n.name not in self.unpacked:
                     raise NotImplementedError("a saved-tensor unpack hook whose result was not seen yet "
-                                              "(record_unpacked runs the graph once first)")
+                                              "(record_run runs the graph once first)")
                 size, stride, dtype = self.unpacked[n.name]
                 return torch.ops.camlir.unpack_hook(i, _data_index(n), list(size), list(stride), dtype)
             raise NotImplementedError(f"hook kind '{kind}' is not supported")
         if target is call_backward:
             ctx, saved, *grads = args
-            recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
-            backward = recording._forward_cls.backward
-            writes = outside_writes(backward)
-            if writes is not None:  # checked before it runs: on fake tensors, once, it would do it wrong
-                raise BackwardWritesOutside(
-                    f"the backward of {recording._forward_cls.__name__} {writes}; run once at trace time on "
-                    f"fake tensors, that would never happen on the calls that follow")
-            grads = backward(recording, *grads)
+            try:
+                recording = RecordingCtx(ctx, saved, _hook_index(n), node_label(n), self.value_guard)
+                backward = recording._forward_cls.backward
+                writes = outside_writes(backward)
+                if writes is not None:  # checked before it runs: on fake tensors, once, it would do it wrong
+                    raise BackwardWritesOutside(
+                        f"the backward of {recording._forward_cls.__name__} {writes}; run once at trace time "
+                        f"on fake tensors, that would never happen on the calls that follow")
+                grads = backward(recording, *grads)
+            except Exception as exc:  # noqa: BLE001 - whatever stops the trace, the node runs itself
+                return self._host_call(n, saved, grads, exc)
             return grads if isinstance(grads, tuple) else (grads,)
         if target is torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks:
             return torch.ops.camlir.cpp_tensor_pre_hook(int(args[0]), args[1])  # never run at trace time
         if target is call_accumulate_grad:
             param, old_grad, grad, has_post_hooks = args
+            if grad is None:  # a host call's backward returned None for it: nothing to add, as the engine does
+                self.skipped_accumulations += 1
+                return None
             torch.ops.camlir.accumulate_grad(param, old_grad, grad, bool(has_post_hooks))
             return None
         if getattr(target, "__name__", "") == "_exec_final_callbacks_stub":
             return None  # a marker; final callbacks run outside the graph
         return super().call_function(target, args, kwargs)
+
+
+    def _host_call(self, n: fx.Node, saved, grads, exc: BaseException) -> tuple:
+        """The node's backward as a host call (`camlir::custom_backward`): it runs in Python at
+        its place in the program, with its saved tensors and grad_outputs handed over. Its
+        results are shaped by the node's input metadata (the `validate_outputs` that follows
+        it in the captured graph), so sizes may be symbols. Which entries the backward
+        returns as None is known only from a real run (`record_run`); until then the
+        node is in `unseen` and every entry with metadata is taken to be a tensor."""
+        label = node_label(n)
+        metadata = self._output_metadata(n)
+        if metadata is None:
+            raise RetraceError(label, exc) from exc
+        if n.name not in self.host_calls:
+            self.unseen.add(n.name)
+        none_positions = self.host_calls.get(n.name, frozenset())
+        outputs, sizes, ranks, dtypes = [], [], [], []
+        for k in sorted(metadata):
+            meta = metadata[k]
+            if meta is None or k in none_positions:
+                continue
+            dtype, shape = meta[0][3], list(meta[1])
+            if dtype not in leaves.DTYPES:
+                raise RetraceError(label, exc) from exc
+            outputs.append(k)
+            sizes += shape
+            ranks.append(len(shape))
+            dtypes.append(dtype)
+        if any(s is not None and not isinstance(s, torch.Tensor) for s in saved):
+            raise RetraceError(label, exc) from exc
+        self.host_nodes[label] = (_hook_index(n), f"{type(exc).__name__}: {exc}")
+        present = torch.ops.camlir.custom_backward(
+            _hook_index(n), _present(saved), _nones(saved), _present(grads), _nones(grads), outputs, sizes, ranks,
+            dtypes)
+        result = [None] * (max(metadata) + 1 if metadata else 0)
+        for k, value in zip(outputs, present):
+            result[k] = value
+        return tuple(result)
+
+    def _output_metadata(self, n: fx.Node) -> Optional[dict]:
+        """{output position: the engine's metadata of that input (None: it needs no
+        gradient)} for a `call_backward` node, read from the `validate_outputs` its results
+        go through; None when the graph does not have that form."""
+        metadata = {}
+        for user in n.users:
+            if not (user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int)):
+                return None
+            checks = [u for u in user.users if getattr(u.target, "__name__", "") == "validate_outputs"]
+            if len(checks) != 1:
+                return None
+            check = checks[0]
+            position = check.args[0].index(user)
+            meta = fx.node.map_arg(check.args[1][position], lambda a: self.env[a])
+            if meta is not None and not (isinstance(meta, (tuple, list)) and len(meta) >= 2 and
+                                         isinstance(meta[0], (tuple, list)) and len(meta[0]) > 3):
+                return None
+            metadata[user.args[1]] = meta
+        return metadata
 
 
 @dataclass
@@ -221,6 +297,12 @@ class Retraced:
     value_guard: ValueGuard = field(default_factory=ValueGuard)
     # input index -> its traced shape, a static dim as its int and a symbolic one as None
     static_shapes: dict = field(default_factory=dict)
+    # node label -> (hook index of its ctx, why its backward is a host call: `camlir::custom_backward`)
+    host_nodes: dict = field(default_factory=dict)
+    # FX names of host-call nodes traced without knowing which entries they return as None
+    unseen: set = field(default_factory=set)
+    # accumulations of the captured graph that received None from a host call (none traced)
+    skipped_accumulations: int = 0
 
     def guards_hold(self, inputs, sizes) -> bool:
         """Whether this trace is valid for a call with `inputs` and plain int `sizes`
@@ -291,22 +373,34 @@ def plain_sizes(sizes) -> list:
     return [unwrap_maybe_dynamic_int(s) for s in sizes]
 
 
-def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data, unpacked=None) -> Retraced:
+def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data, unpacked=None,
+            host_calls=None) -> Retraced:
     """Re-traces one captured graph, using one call's real inputs for shapes and strides.
-    `unpacked` (`record_unpacked`) gives the metadata of what saved-tensor unpack hooks
-    return; a graph with such hooks needs it, and is traced with static sizes only."""
+    `unpacked` (`record_run`) gives the metadata of what saved-tensor unpack hooks
+    return; a graph with such hooks needs it, and is traced with static sizes only.
+    A custom Function's backward that cannot be traced becomes a host call; `host_calls`
+    ({FX name: positions returned as None}, from `record_run`) says what such a
+    node returned when it ran for real."""
     annotate_provenance(gm)
     sizes = plain_sizes(sizes)
     value_guard = ValueGuard()
+    tracers = []
     if unpacked and sizes:
         raise RetraceError("saved-tensor hooks", NotImplementedError(
             "saved-tensor unpack hooks (activation checkpointing) with sizes that change between "
             "calls: the recomputed tensors' shapes are only known for the sizes seen"))
 
     def run(inputs, sizes, scalars):
+        tracer = _Retracer(gm, value_guard, unpacked, host_calls)
+        tracers.append(tracer)
         with torch.no_grad():
-            return _Retracer(gm, value_guard, unpacked).run(list(inputs), list(sizes), list(scalars), hooks,
-                                                             packed_data)
+            return tracer.run(list(inputs), list(sizes), list(scalars), hooks, packed_data)
+
+    def with_host_calls(retraced: Retraced) -> Retraced:
+        retraced.host_nodes = dict(tracers[0].host_nodes)
+        retraced.unseen = set(tracers[0].unseen)
+        retraced.skipped_accumulations = tracers[0].skipped_accumulations
+        return retraced
 
     with fx_traceback.preserve_node_meta(), ca_mod._disable():
         if not sizes:
@@ -315,10 +409,10 @@ def retrace(gm: fx.GraphModule, inputs, sizes, scalars, hooks, packed_data, unpa
             if _has_mutations(traced):
                 traced = make_fx(_functionalized(traced), tracing_mode="fake",
                                  decomposition_table=decomposition_table())(list(inputs), list(scalars))
-            return Retraced(traced, symbolic=False, value_guard=value_guard)
+            return with_host_calls(Retraced(traced, symbolic=False, value_guard=value_guard))
         retraced = _retrace_symbolic(run, inputs, sizes, scalars)
         retraced.value_guard = value_guard
-        return retraced
+        return with_host_calls(retraced)
 
 
 def _has_mutations(traced: fx.GraphModule) -> bool:

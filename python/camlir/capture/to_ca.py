@@ -173,6 +173,9 @@ def _convert_hook(op: ir.Operation, kind: str) -> None:
                 old.replace_all_uses_with(res)
             op.erase()
             return
+        if kind == "custom_backward":
+            _convert_custom_backward(op, hook_id, operands)
+            return
         args = _list_elements(operands[1])
         if kind == "post_hook":
             args += _list_elements(operands[2])
@@ -184,6 +187,30 @@ def _convert_hook(op: ir.Operation, kind: str) -> None:
         unpacks = _unpack_results(op.results[0])
         result_types = [r.type for r in unpacks[0].results] if unpacks else []
         new = build.hook(kind, hook_id, args, result_types, none_at=none_at, none_at_outputs=none_at_outputs)
+    for unpack in unpacks:
+        for old, res in zip(unpack.results, new.results):
+            old.replace_all_uses_with(res)
+        unpack.erase()
+    op.erase()
+
+
+def _convert_custom_backward(op: ir.Operation, hook_id: int, operands: list) -> None:
+    """`camlir.custom_backward(id, saved, saved_none_at, grads, none_at, outputs, sizes,
+    ranks, dtypes)` -> `ca.hook` of kind `custom_backward`; the result types carry the
+    sizes and dtypes, so only the positions stay attributes."""
+    saved = _list_elements(operands[1])
+    grads = _list_elements(operands[3])
+    ints = [[_constant_int(v) for v in _list_elements(operands[i])] for i in (2, 4, 5)]
+    saved_none_at, none_at, outputs = ints
+    unpacks = _unpack_results(op.results[0])
+    result_types = [r.type for r in unpacks[0].results] if unpacks else []
+    if unpacks and len(result_types) != len(outputs):
+        raise ImportError_(f"custom_backward of hook {hook_id} returns {len(result_types)} values for "
+                           f"{len(outputs)} output positions")
+    if not unpacks and outputs:  # nothing reads its gradients: the call still runs, for its effects
+        raise ImportError_(f"custom_backward of hook {hook_id}: its results are not unpacked")
+    new = build.hook("custom_backward", hook_id, saved + grads, result_types, none_at=none_at,
+                     saved=len(saved), saved_none_at=saved_none_at, outputs=outputs)
     for unpack in unpacks:
         for old, res in zip(unpack.results, new.results):
             old.replace_all_uses_with(res)
