@@ -208,3 +208,38 @@ def test_a_gradient_that_turns_none_is_a_clear_error(each_backend):
         x.grad = w.grad = None
         with pytest.raises(RuntimeError, match=r"returned NoneType as gradient #1.*built for a tensor"):
             SometimesNone.apply(x, w).sum().backward()
+
+
+class _Shared:
+    calls = [0]
+    log = {}
+
+
+def _writes_item_of_a_global_part(ctx, g):
+    _Shared.calls[0] += 1
+    return g
+
+
+def _writes_through_a_local_alias(ctx, g):
+    log = _Shared.log
+    log["last"] = g
+    return g
+
+
+def _writes_only_its_own_values(ctx, g):
+    grads = [None] * 2
+    grads[len(grads) - 1] = g
+    ctx.seen = 1
+    ctx.seen += 1
+    table = {}
+    table["g"] = g
+    return tuple(grads)
+
+
+def test_outside_writes_are_followed_through_the_bytecode():
+    """Each of these was traced once before (the write happened at trace time only)."""
+    from camlir.capture.backward_effects import outside_writes
+
+    assert "writes an item of the global '_Shared'" in outside_writes(_writes_item_of_a_global_part)
+    assert "bound to a value from outside the backward" in outside_writes(_writes_through_a_local_alias)
+    assert outside_writes(_writes_only_its_own_values) is None
