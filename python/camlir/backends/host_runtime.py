@@ -81,6 +81,8 @@ class _Program:
         env = [None] * self.n_slots
         for slot, value in zip(self.arg_slots, args):
             env[slot] = value
+        if any(type(a) is DeferredPermute for a in args):
+            return self._run_deferring(env, runtime)
         if runtime.profile is not None and not runtime.profiling:
             return self._run_timed(env, runtime)
         for step in self.steps:
@@ -90,6 +92,23 @@ class _Program:
             for slot in step.frees:
                 env[slot] = None
         return [env[i] for i in self.result_slots]
+
+    def _run_deferring(self, env, runtime):
+        """`run` for a call with `DeferredPermute` arguments: each becomes its view when a
+        step first reads it (kept in its slot for the steps after)."""
+        for step in self.steps:
+            ins = []
+            for i in step.ins:
+                value = env[i]
+                if type(value) is DeferredPermute:
+                    value = env[i] = value.view()
+                ins.append(value)
+            outs = step.fn(ins, runtime)
+            for slot, value in zip(step.outs, outs):
+                env[slot] = value
+            for slot in step.frees:
+                env[slot] = None
+        return [env[i] if type(env[i]) is not DeferredPermute else env[i].view() for i in self.result_slots]
 
     def _run_timed(self, env, runtime):
         """`run` with every step timed into `runtime.profile` (nested blocks count in
@@ -108,6 +127,30 @@ class _Program:
         finally:
             runtime.profiling = False
         return [env[i] for i in self.result_slots]
+
+
+class DeferredPermute:
+    """`tensor.permute(perm)`, made when a step first reads it. An argument whose storage is
+    too small for its view when the backward starts cannot be permuted then (torch checks
+    the view against the storage): FSDP2 frees a resharded parameter's storage after the
+    forward and all-gathers it again from a hook inside the backward, before the kernel
+    that reads the parameter runs."""
+
+    __slots__ = ("tensor", "perm")
+
+    def __init__(self, tensor, perm):
+        self.tensor, self.perm = tensor, perm
+
+    def view(self):
+        return self.tensor.permute(self.perm)
+
+
+def storage_holds(t) -> bool:
+    """Whether `t`'s storage is large enough for its sizes and strides right now."""
+    if t.numel() == 0:
+        return True
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
 
 
 class Runtime:

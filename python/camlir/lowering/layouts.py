@@ -22,7 +22,15 @@ def dense_permutation(t: torch.Tensor) -> Optional[tuple]:
     p = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
     if p == tuple(range(t.dim())):
         return None
-    return p if t.permute(p).is_contiguous() else None
+    # From sizes and strides alone: `t.permute(p)` would check them against the storage,
+    # which FSDP2 frees between forward and backward (a resharded parameter's storage has
+    # size 0 until its all-gather, inside the backward).
+    expected = 1
+    for d in reversed(p):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return None
+        expected *= t.shape[d]
+    return p
 
 
 def input_permutations(arg_types: list, args: list, runtime_sizes: bool = False) -> list:

@@ -16,8 +16,8 @@ from torch_mlir import ir
 
 from camlir.backends.cpu import choice, malloc_tuning
 from camlir.backends.cpu.shapes import ShapeError
-from camlir.backends.host_runtime import (ALIAS, InterpreterError, Runtime, compile_block, fresh_and_private,
-                                          steal_or_accumulate)
+from camlir.backends.host_runtime import (ALIAS, DeferredPermute, InterpreterError, Runtime, compile_block,
+                                          fresh_and_private, steal_or_accumulate, storage_holds)
 from camlir.errors import ProgramRefused
 from camlir.passes.lower_to_linalg import TWIN_ATTR
 
@@ -71,7 +71,8 @@ class CpuProgram:
     def __call__(self, args, hooks, callbacks=(), packed=()):
         args = list(args)
         for i, p in self._perm_args:
-            args[i] = args[i].permute(p)
+            t = args[i]
+            args[i] = t.permute(p) if storage_holds(t) else DeferredPermute(t, p)
         runtime = Runtime(hooks, callbacks, packed)
         try:
             return self.program.run(args, runtime)
