@@ -1,6 +1,8 @@
 """FSDP2 (`fully_shard`) with the compiled backward: two real processes (gloo on the CPU),
 each rank with its own data. Every Linear block and the root are wrapped; the reference is
-eager FSDP2 on the same model and data. After several SGD steps the parameters (gathered
+eager FSDP2 on the same model and data. Configurations: `reshard_after_forward` True and
+False, a mixed-precision policy (bf16 parameters, f32 reduce-scatter), and non-reentrant
+activation checkpointing of each block (`checkpoint_wrapper`). After several SGD steps the parameters (gathered
 from their shards) must equal eager's on both ranks, and the backward must be compiled:
 FSDP2's `RegisterPostBackwardFunction` (its `ctx.param_group` is mutable state camlir can
 neither lift nor guard) is a host call, one per wrapped module, and the rest is compiled
@@ -19,7 +21,8 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-CONFIGS = {"reshard": {"reshard_after_forward": True}, "no_reshard": {"reshard_after_forward": False}}
+CONFIGS = {"reshard": {"reshard_after_forward": True}, "no_reshard": {"reshard_after_forward": False},
+           "bf16_params": {"mp_policy": "bf16"}, "checkpointed": {"checkpoint": True}}
 STEPS = 4
 
 
@@ -33,9 +36,20 @@ def _train(rank, use_camlir, options, camlir):
     import torch
     from torch.distributed.fsdp import fully_shard
 
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    options = dict(options)
+    if options.pop("mp_policy", None) == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    checkpointed = options.pop("checkpoint", False)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in range(3)],
                                 torch.nn.Linear(16, 1))
+    if checkpointed:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i in range(3):
+            model[i] = checkpoint_wrapper(model[i])
     for block in model:
         fully_shard(block, **options)
     fully_shard(model, **options)
