@@ -56,8 +56,9 @@ def test_a_hook_that_queues_a_callback_has_it_run_after_the_gradients(backend):
 class _Finishes(torch.autograd.Function):
     """A custom backward that queues its own end-of-backward work through a helper (so its
     bytecode shows no write outside itself). Traced, the callback was queued once, at trace
-    time, and never by the compiled program; the trace now refuses it, the graph runs
-    uncompiled, then on the eager engine."""
+    time, and never by the compiled program; the trace now refuses it and the node becomes a
+    host call: its backward runs in Python on every call, queueing its callbacks, and the
+    rest of the graph is compiled."""
 
     seen = []
 
@@ -83,7 +84,8 @@ def test_a_custom_backward_that_queues_callbacks_has_them_all_run_in_order():
     _steps("camlir", "cpu", make_loss)
     assert eager == ["outer", "queued by a callback"] * 3
     assert _Finishes.seen == eager
-    assert camlir.counters["fallbacks"] == 1 and camlir.counters["compiles"] == 0
+    assert camlir.counters["fallbacks"] == 0 and camlir.counters["compiles"] == 1
+    assert [e.what for e in camlir.explain(kind="host_call")] == ["node _FinishesBackward#2"]
 
 
 def test_pytorchs_engine_is_back_when_camlir_is_off():
