@@ -81,8 +81,6 @@ class _Program:
         env = [None] * self.n_slots
         for slot, value in zip(self.arg_slots, args):
             env[slot] = value
-        if any(type(a) is DeferredPermute for a in args):
-            return self._run_deferring(env, runtime)
         if runtime.profile is not None and not runtime.profiling:
             return self._run_timed(env, runtime)
         for step in self.steps:
@@ -93,9 +91,13 @@ class _Program:
                 env[slot] = None
         return [env[i] for i in self.result_slots]
 
-    def _run_deferring(self, env, runtime):
-        """`run` for a call with `DeferredPermute` arguments: each becomes its view when a
-        step first reads it (kept in its slot for the steps after)."""
+    def run_deferring(self, args, runtime):
+        """`run` for a call with `DeferredPermute` arguments (only the cpu program makes
+        them, so `run`, also every nested block's, checks for none): each becomes its view
+        when a step first reads it (kept in its slot for the steps after)."""
+        env = [None] * self.n_slots
+        for slot, value in zip(self.arg_slots, args):
+            env[slot] = value
         for step in self.steps:
             ins = []
             for i in step.ins:

@@ -70,11 +70,17 @@ class CpuProgram:
 
     def __call__(self, args, hooks, callbacks=(), packed=()):
         args = list(args)
+        deferred = False
         for i, p in self._perm_args:
             t = args[i]
-            args[i] = t.permute(p) if storage_holds(t) else DeferredPermute(t, p)
+            if storage_holds(t):
+                args[i] = t.permute(p)
+            else:
+                args[i], deferred = DeferredPermute(t, p), True
         runtime = Runtime(hooks, callbacks, packed)
         try:
+            if deferred:
+                return self.program.run_deferring(args, runtime)
             return self.program.run(args, runtime)
         except ShapeError as exc:
             # A kernel with runtime sizes whose size checks fail for this call (its shape
