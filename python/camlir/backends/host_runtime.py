@@ -61,7 +61,7 @@ class _Program:
     def __init__(self, n_slots, arg_slots, steps, result_slots):
         self.n_slots = n_slots
         self.arg_slots = arg_slots
-        self.steps = steps
+        self.steps = steps = _batch_accumulations(steps)
         self.result_slots = result_slots
         last = {}
         for i, step in enumerate(steps):
@@ -432,6 +432,45 @@ def _accumulate(ins, rt):
     return ()
 
 
+def _batch_accumulations(steps: list) -> list:
+    """`steps` with each run of consecutive accumulations into `.grad` made one step (a
+    backward ends with one per parameter). Each step costs a turn of `_Program.run`'s loop
+    (gather its inputs, store its outputs, drop its dead slots); a run of six cost 9 us of
+    a 310 us backward (a residual block of six parameters), two thirds of it the loop's.
+    The same rules, in the same order: only the number of steps changes."""
+    out, run = [], []
+    for step in steps + [None]:
+        if step is not None and step.fn in _ACCUMULATIONS:
+            run.append(step)
+            continue
+        if len(run) > 1:
+            out.append(_Step(_accumulate_all(tuple(r.fn is steal_or_accumulate for r in run)),
+                             tuple(slot for r in run for slot in r.ins), (),
+                             f"ca.accumulate_grad x{len(run)}"))
+        else:
+            out.extend(run)
+        run = []
+        if step is not None:
+            out.append(step)
+    return out
+
+
+def _accumulate_all(steals: tuple):
+    """One step for consecutive accumulations: `steals[k]` says whether the k-th may take
+    its gradient without a copy (`steal_or_accumulate`) or goes through PyTorch's helper."""
+    def accumulate_all(ins, rt):
+        rt.touched = True
+        pairs = iter(ins)
+        for steal, param, grad in zip(steals, pairs, pairs):
+            if (steal and param.grad is None and grad.shape == param.shape and grad.dtype == param.dtype
+                    and param.is_contiguous() and grad.is_contiguous() and not grad.requires_grad):
+                param.grad = grad
+            else:
+                call_accumulate_grad(param, param.grad, grad, False)
+        return ()
+    return accumulate_all
+
+
 def fresh_and_private(value: ir.Value) -> bool:
     """True when `value` is a tensor the backward just made, that nothing but this
     accumulation reads, so `.grad` may take it without a copy: a kernel result (the runtime
@@ -480,6 +519,9 @@ def steal_or_accumulate(ins, rt):
     else:
         call_accumulate_grad(param, param.grad, grad, False)
     return ()
+
+
+_ACCUMULATIONS = (_accumulate, steal_or_accumulate)
 
 
 def constant_value(op: ir.Operation):

@@ -69,14 +69,15 @@ class CpuProgram:
         return None
 
     def __call__(self, args, hooks, callbacks=(), packed=()):
-        args = list(args)
         deferred = False
-        for i, p in self._perm_args:
-            t = args[i]
-            if storage_holds(t):
-                args[i] = t.permute(p)
-            else:
-                args[i], deferred = DeferredPermute(t, p), True
+        if self._perm_args:
+            args = list(args)
+            for i, p in self._perm_args:
+                t = args[i]
+                if storage_holds(t):
+                    args[i] = t.permute(p)
+                else:
+                    args[i], deferred = DeferredPermute(t, p), True
         runtime = Runtime(hooks, callbacks, packed)
         try:
             if deferred:
