@@ -32,6 +32,13 @@ def service(monkeypatch):
     camlir.reset()
 
 
+# The compiled LayerNorm backward sums in another order than eager's: on _model(0) the first
+# weight's gradient differs from eager's by 2.0e-6 (entry ~0.013), and camlir's is the nearer of
+# the two to the float64 answer (1.0e-6 off, eager 2.0e-6). atol 1e-6 failed CI on that entry;
+# 1e-5 is torch's own float32 default.
+_ATOL = 1e-5
+
+
 def _model(seed=0, width=24):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.GELU(), torch.nn.LayerNorm(width),
@@ -52,7 +59,7 @@ def _check_steps(model, x, steps, scope):
     eager = _grads(model, x)
     for _ in range(steps):
         for got, want in zip(_grads(model, x, scope), eager):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=_ATOL)
 
 
 def _running_job(timeout=60.0):
@@ -92,7 +99,7 @@ def test_wait_true_compiles_before_the_backward_runs(service):
     model.zero_grad(set_to_none=True)
     camlir.compile_backward(model(x).pow(2).sum())
     for p, want in zip(model.parameters(), eager):
-        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=_ATOL)
     assert camlir.counters["while_compiling"] == 0 and camlir.counters["compiles"] == 1
     ((_, _, program),) = camlir.compiled_programs()
     assert isinstance(program, CpuProgram) and program.kernels and program.lowered_text
@@ -342,7 +349,7 @@ def test_a_training_loop_with_hooks_and_several_graphs_matches_eager(service):
     want = run(False)
     got = run(True)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=_ATOL)
     assert camlir.counters["fallbacks"] == 0
 
 

@@ -98,18 +98,31 @@ class _Program:
         env = [None] * self.n_slots
         for slot, value in zip(self.arg_slots, args):
             env[slot] = value
-        for step in self.steps:
-            ins = []
-            for i in step.ins:
-                value = env[i]
-                if type(value) is DeferredPermute:
-                    value = env[i] = value.view()
-                ins.append(value)
-            outs = step.fn(ins, runtime)
-            for slot, value in zip(step.outs, outs):
-                env[slot] = value
-            for slot in step.frees:
-                env[slot] = None
+        profile = runtime.profile if not runtime.profiling else None
+        clock = time.perf_counter
+        if profile is not None:  # timed as `_run_timed` times (FSDP2's resharded parameters come here)
+            runtime.profiling = True
+        try:
+            for step in self.steps:
+                ins = []
+                for i in step.ins:
+                    value = env[i]
+                    if type(value) is DeferredPermute:
+                        value = env[i] = value.view()
+                    ins.append(value)
+                if profile is not None:
+                    start = clock()
+                    outs = step.fn(ins, runtime)
+                    profile.add_step(step.label, clock() - start)
+                else:
+                    outs = step.fn(ins, runtime)
+                for slot, value in zip(step.outs, outs):
+                    env[slot] = value
+                for slot in step.frees:
+                    env[slot] = None
+        finally:
+            if profile is not None:
+                runtime.profiling = False
         return [env[i] if type(env[i]) is not DeferredPermute else env[i].view() for i in self.result_slots]
 
     def _run_timed(self, env, runtime):
