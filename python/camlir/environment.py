@@ -112,6 +112,10 @@ VARIABLES = (
     Variable("CAMLIR_VECTOR_WIDTH", (), None, "int",
              "`8` or `16`: f32 lanes per vector in the generated loops. Unset: 16 where the CPU has "
              "AVX-512, else 8. Anything else: an error. See [speed.md](speed.md).", shown="16 with AVX-512, else 8"),
+    _flag("CAMLIR_KEEP_KERNEL_LIBS", False,
+          "`1`: keep the temporary shared library of each loaded kernel module on disk (its path logged "
+          "on `camlir.cpu`), so that `perf report` names the kernels' loop nests. A measurement aid. "
+          "See [speed.md](speed.md)."),
     Variable("CAMLIR_JIT_WORKERS", (), None, "int",
              "Worker processes for LLVM's code generation of a big kernel module; `0` compiles in the "
              "process alone. Not a whole number: an error. See [speed.md](speed.md).",

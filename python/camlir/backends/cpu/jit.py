@@ -405,16 +405,24 @@ class SharedKernels:
     either. The bytes are written to a private temporary file and loaded from there (a
     cache entry can be evicted by another process at any time); the file is removed once
     loaded: the mapping stays. The library's dependency on libtorch_cpu.so binds to the
-    copy torch loaded (the loader matches it by soname), wherever it lives."""
+    copy torch loaded (the loader matches it by soname), wherever it lives.
+
+    `CAMLIR_KEEP_KERNEL_LIBS=1` keeps the file (its path is logged at INFO on
+    `camlir.cpu`): a measurement aid, so that `perf report` can name every loop nest of a
+    kernel (docs/speed.md, "Where the time inside camlir's kernels goes")."""
 
     def __init__(self, library: bytes):
         fd, path = tempfile.mkstemp(prefix="camlir-kernels-", suffix=".so")
+        keep = environment.flag("CAMLIR_KEEP_KERNEL_LIBS")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(library)
             self._lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
         finally:
-            os.unlink(path)
+            if keep:
+                logging.getLogger("camlir.cpu").info("kernel library kept at %s", path)
+            else:
+                os.unlink(path)
 
     def raw_lookup(self, name: str) -> int:
         try:
