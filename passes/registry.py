@@ -12,6 +12,7 @@ from .expand_powers import ExpandPowers
 from .flatten_nodes import FlattenNodes
 from .fold_views import FoldViews
 from .fuse_elementwise import FuseElementwise
+from .host_result_layouts import HostResultLayouts
 from .index_as_input import IndexAsInput
 from .gpu_loops import FlattenParallel, ParallelDimsFirst
 from .inline_hooks import InlineHooks
@@ -29,7 +30,7 @@ from .specialize_shapes import SpecializeShapes
 from .unique_kernel_results import UniqueKernelResults
 
 # In the order the cpu pipeline (python/camlir/pipeline.py) runs them.
-PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews,
+PASSES = (FlattenNodes, SpecializeShapes, SpecializeLayouts, InlineHooks, DisjointScatters, OutlineKernels, SinkViews, HostResultLayouts,
           LowerToLinalg, DepthwiseKernels,
           FuseElementwise, UniqueKernelResults, IndexAsInput, NarrowScalarInputs, ExpandPowers, ApproximateMath, Bf16Matmuls, PrepareKernelABI, CopiesToLinalg,
           MatmulToBlas, DefineBlasWrappers, OutlineParallelLoops, FoldViews, RegisterReductions, BoundParallelLoops, NarrowFloatConversions,

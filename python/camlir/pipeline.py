@@ -17,8 +17,9 @@ here, `KERNEL_STAGES`:
     layouts      strided inputs passed as contiguous permutations ca-specialize-layouts
     kernels      hook bodies inlined, compute outlined into       ca-inline-hooks, ca-flatten-nodes,
                  kernels (cut at Python hooks and host ops);       ca-outline-kernels, ca-sink-views
-                 views that cross a cut recomputed by the kernels
-                 reading them
+                 views that cross a cut recomputed by the kernels   ca-host-result-layouts
+                 reading them; host results torch lays out
+                 permuted handed over as they are
     linalg       kernels to linalg on tensors, fused; each         ca-lower-to-linalg{twins=true},
                  kernel's torch original kept as its twin;         ca-depthwise-kernels{twins=true},
                  depthwise convolution backwards on small maps as  ca-fuse-elementwise,
@@ -271,9 +272,11 @@ def kernels(work: Work) -> None:
     barriers (Python hooks, host ops) outlined into a `ca.kernel` function; a view that one
     kernel returns only for later kernels (a transposed weight, the `t` of a weight gradient
     that TBackward undoes) crosses the cut as its base and is recomputed where it is read,
-    so kernels split by a hook read what one kernel would have (ca-sink-views)."""
+    so kernels split by a hook read what one kernel would have (ca-sink-views); a host op's
+    result that torch lays out permuted (the flash-attention backward's gradients) reaches
+    the kernels as its contiguous permutation, not a copy (ca-host-result-layouts)."""
     run_stage("kernels", work.module, ["ca-inline-hooks", "ca-flatten-nodes", "ca-disjoint-scatters",
-                                       "ca-outline-kernels", "ca-sink-views"], work.dump)
+                                       "ca-outline-kernels", "ca-sink-views", "ca-host-result-layouts"], work.dump)
 
 
 def linalg(work: Work) -> None:
