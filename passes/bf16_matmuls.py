@@ -17,12 +17,12 @@ The cpu backend runs it (math stage) only where the CPU has bf16 units (`avx512_
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg
 
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_named
 
 from .base import CAPass
 from .fuse_elementwise import contraction_maps
+from .lazy_dialects import linalg
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,11 +3,11 @@
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg
 
 from camlir.dialects.ca.ir_helpers import ops_named
 
 from .base import CAPass
+from .lazy_dialects import linalg
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,12 +3,13 @@
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg, tensor
+from torch_mlir.dialects import tensor
 from torch_mlir.passmanager import PassManager
 
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_matching, ops_named
 
 from .base import CAPass
+from .lazy_dialects import linalg
 from .sibling_loops import merge_siblings
 
 # Ops that become one loop nest (or one library call) each: what "kernel count" counts.
@@ -152,7 +153,7 @@ def _restore_contractions(module: ir.Operation, count: int) -> None:
             a, b, c = op.operands
             with ir.InsertionPoint(op), op.location:
                 maps = contraction_maps(op, name) if "indexing_maps" in op.attributes else None
-                value = _BUILD[name](a, b, outs=[c], indexing_maps=maps)
+                value = _build(name)(a, b, outs=[c], indexing_maps=maps)
             new = value.owner
             if "ca.alpha" in op.attributes:
                 new.attributes["ca.alpha"] = op.attributes["ca.alpha"]
@@ -416,7 +417,7 @@ def fold_transposes(module: ir.Module) -> int:
         if not changed:
             continue
         with mm.context, mm.location, ir.InsertionPoint(mm):
-            new = _BUILD[name](ins[0], ins[1], outs=[mm.operands[2]], indexing_maps=maps)
+            new = _build(name)(ins[0], ins[1], outs=[mm.operands[2]], indexing_maps=maps)
         if "ca.alpha" in mm.attributes:  # a folded epilogue: part of the matmul's meaning
             new.owner.attributes["ca.alpha"] = mm.attributes["ca.alpha"]
         mm.results[0].replace_all_uses_with(new)
@@ -434,7 +435,9 @@ def _batch_untransposed(v: ir.Value):
     return None
 
 
-_BUILD = {"linalg.matmul": linalg.matmul, "linalg.batch_matmul": linalg.batch_matmul}
+def _build(name: str):
+    """The builder of the contraction `name` (`linalg.matmul`, `linalg.batch_matmul`)."""
+    return {"linalg.matmul": linalg.matmul, "linalg.batch_matmul": linalg.batch_matmul}[name]
 
 
 def contraction_maps(mm, name: str = "linalg.matmul") -> list:

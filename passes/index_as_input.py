@@ -13,11 +13,12 @@ import array
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg
+from torch_mlir.dialects import arith
 
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_named
 
 from .base import CAPass
+from .lazy_dialects import linalg
 from .sibling_loops import loop_ranges
 
 _MAX_SIZE = 1 << 16  # the longest loop given a constant iota (8 bytes an element)

@@ -13,11 +13,12 @@ compiler counting its 0-d f64 buffer as f64 data, `loops_and_llvm`: fixed there.
 import dataclasses
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, tensor
 
 from camlir.dialects.ca.ir_helpers import funcs, is_kernel, ops_named
 
 from .base import CAPass
+from .lazy_dialects import linalg
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,8 @@ After:
 from typing import Optional
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg
+
+from .lazy_dialects import linalg
 
 # A bound on the merged loop's distinct inputs, so that merging never builds a loop that reads
 # many streams at once. Chosen, not measured: the batch-norm backward's merged reductions
