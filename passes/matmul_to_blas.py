@@ -90,6 +90,11 @@ class DefineBlasWrappers(CAPass):
     with `scf` loops, not linalg, so the loops stage's affine vectorizer (which refuses their
     fully dynamic layouts) leaves them alone.
 
+    Each BLAS call is timed (`clock_gettime`, ~50 ns a call) and its flops (2 m n k per
+    matrix) counted into the module's `@camlir_blas_totals_data` ([nanoseconds, flops,
+    calls]), whose address `@camlir_blas_totals()` returns: `camlir.profile()` reads it
+    around each kernel call to split the kernel's time into MKL's and the rest.
+
     Before:
     ```mlir
     func.func private @camlir_gemm_f32(memref<?x?xf32, strided<[?, ?], offset: ?>>, ...)
@@ -98,7 +103,9 @@ class DefineBlasWrappers(CAPass):
     ```mlir
     func.func private @camlir_gemm_f32(%A: memref<?x?xf32, strided<[?, ?], offset: ?>>, ...) {
       ...
+      %t0 = func.call @camlir_clock_ns() : () -> i64
       func.call @sgemm_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc) : ...
+      func.call @camlir_blas_done(%t0, %c1, %m, %n, %k) : (i64, index, index, index, index) -> ()
     ```
     """
 
@@ -128,6 +135,7 @@ class DefineBlasWrappers(CAPass):
                                       batch_args=_by_reference(elem, _BATCH_SLOTS))
         text += "".join(_HELPERS.format(t=t, p="") for t in sorted(helpers))
         text += "".join(_DECLARE_BLAS.format(blas=entry) for entry in sorted(entries))
+        text += _BLAS_TOTALS
         lib = ir.Module.parse(text, module.context)
         body = module.regions[0].blocks[0]
         for op in list(lib.body.operations):
@@ -279,8 +287,10 @@ func.func private @camlir_gemm_{t}(%A: memref<?x?x{t}, strided<[?, ?], offset: ?
   %pc, %lc, %tc = func.call @camlir_operand_{t}(%Cc) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
 {gemm_args}
   // Row-major C = A B is column-major C^T = B^T A^T: B comes first.
+  %t0 = func.call @camlir_clock_ns() : () -> i64
   func.call @{p}gemm_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc)
       : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  func.call @camlir_blas_done(%t0, %c1, %m, %n, %k) : (i64, index, index, index, index) -> ()
   %same = func.call @camlir_same_{t}(%C, %Cc) : (memref<?x?x{t}, strided<[?, ?], offset: ?>>, memref<?x?x{t}, strided<[?, ?], offset: ?>>) -> i1
   scf.if %same {{
   }} else {{
@@ -429,8 +439,10 @@ func.func private @camlir_gemm_bf16(%A: memref<?x?xbf16, strided<[?, ?], offset:
   %pc, %lc, %tc = func.call @camlir_operand_f32(%Cc) : (memref<?x?xf32, strided<[?, ?], offset: ?>>) -> (!llvm.ptr, i32, i8)
 {gemm_args}
   // Row-major C = A B is column-major C^T = B^T A^T: B comes first.
+  %t0 = func.call @camlir_clock_ns() : () -> i64
   func.call @gemm_bf16bf16f32_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %pb, %sLb, %pa, %sLa, %sBe, %pc, %sLc)
       : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  func.call @camlir_blas_done(%t0, %c1, %m, %n, %k) : (i64, index, index, index, index) -> ()
   %same = func.call @camlir_same_f32(%C, %Cc) : (memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>) -> i1
   scf.if %same {{
   }} else {{
@@ -552,8 +564,10 @@ func.func private @camlir_bgemm_batch_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?
   %g1 = arith.constant 1 : i32
 {batch_args}
   // Row-major C = A B is column-major C^T = B^T A^T: B comes first, as in camlir_gemm.
+  %t0 = func.call @camlir_clock_ns() : () -> i64
   func.call @{p}gemm_batch_(%sTb, %sTa, %sN, %sM, %sK, %sAl, %ppb, %sLb, %ppa, %sLa, %sBe, %ppc, %sLc, %sG, %sGs)
       : (!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> ()
+  func.call @camlir_blas_done(%t0, %nb, %m, %n, %k) : (i64, index, index, index, index) -> ()
   memref.dealloc %arrA : memref<?xi64>
   memref.dealloc %arrB : memref<?xi64>
   memref.dealloc %arrC : memref<?xi64>
@@ -561,4 +575,71 @@ func.func private @camlir_bgemm_batch_{t}(%A: memref<?x?x?x{t}, strided<[?, ?, ?
 }}
 
 func.func private @{p}gemm_batch_(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr)
+"""
+
+
+# What `camlir.profile()` reads to split a kernel's time into its BLAS calls and the rest
+# (`jit.blas_totals`): nanoseconds inside the BLAS entry points, floating-point operations
+# (2 m n k per matrix) and calls, summed over every GEMM of the loaded code.
+# Always counted: two vDSO `clock_gettime` calls cost ~50 ns a GEMM, under 0.1% of the
+# smallest GEMM in the bench's transformers (~60 us) and ~2% of a 10x10 one. One copy per
+# loaded library: the global and its getter are external, so the parts of a big module
+# linked into one library (the linker keeps the first definition) share one. Not atomic: a
+# profile is read on the thread that runs the backward.
+BLAS_TOTALS_SYMBOL = "camlir_blas_totals"
+_BLAS_TOTALS = """
+llvm.mlir.global external @camlir_blas_totals_data(dense<0> : tensor<3xi64>) {addr_space = 0 : i32} : !llvm.array<3 x i64>
+
+// The address of [nanoseconds, flops, calls], for the profiler (a packed entry point, as
+// kernels are, so that a JIT engine and a loaded library answer the same lookup).
+func.func @camlir_blas_totals() -> i64 {
+  %p = llvm.mlir.addressof @camlir_blas_totals_data : !llvm.ptr
+  %i = llvm.ptrtoint %p : !llvm.ptr to i64
+  return %i : i64
+}
+
+func.func private @camlir_clock_ns() -> i64 {
+  %one = arith.constant 1 : i64
+  %ts = llvm.alloca %one x !llvm.array<2 x i64> : (i64) -> !llvm.ptr
+  %monotonic = arith.constant 1 : i32
+  %ok = func.call @clock_gettime(%monotonic, %ts) : (i32, !llvm.ptr) -> i32
+  %s = llvm.load %ts : !llvm.ptr -> i64
+  %pns = llvm.getelementptr %ts[1] : (!llvm.ptr) -> !llvm.ptr, i64
+  %ns = llvm.load %pns : !llvm.ptr -> i64
+  %giga = arith.constant 1000000000 : i64
+  %sns = arith.muli %s, %giga : i64
+  %t = arith.addi %sns, %ns : i64
+  return %t : i64
+}
+
+// Adds one BLAS call that started at `t0`: `nb` matrices of m x n x k.
+func.func private @camlir_blas_done(%t0: i64, %nb: index, %m: index, %n: index, %k: index) {
+  %t1 = func.call @camlir_clock_ns() : () -> i64
+  %dt = arith.subi %t1, %t0 : i64
+  %nbi = arith.index_cast %nb : index to i64
+  %mi = arith.index_cast %m : index to i64
+  %ni = arith.index_cast %n : index to i64
+  %ki = arith.index_cast %k : index to i64
+  %two = arith.constant 2 : i64
+  %f0 = arith.muli %nbi, %mi : i64
+  %f1 = arith.muli %f0, %ni : i64
+  %f2 = arith.muli %f1, %ki : i64
+  %flops = arith.muli %f2, %two : i64
+  %one = arith.constant 1 : i64
+  %p0 = llvm.mlir.addressof @camlir_blas_totals_data : !llvm.ptr
+  %p1 = llvm.getelementptr %p0[1] : (!llvm.ptr) -> !llvm.ptr, i64
+  %p2 = llvm.getelementptr %p0[2] : (!llvm.ptr) -> !llvm.ptr, i64
+  %a0 = llvm.load %p0 : !llvm.ptr -> i64
+  %a1 = llvm.load %p1 : !llvm.ptr -> i64
+  %a2 = llvm.load %p2 : !llvm.ptr -> i64
+  %b0 = arith.addi %a0, %dt : i64
+  %b1 = arith.addi %a1, %flops : i64
+  %b2 = arith.addi %a2, %one : i64
+  llvm.store %b0, %p0 : i64, !llvm.ptr
+  llvm.store %b1, %p1 : i64, !llvm.ptr
+  llvm.store %b2, %p2 : i64, !llvm.ptr
+  return
+}
+
+func.func private @clock_gettime(i32, !llvm.ptr) -> i32
 """

@@ -50,6 +50,17 @@ class Profile:
         self.backward_seconds = 0.0
         self.program_seconds = 0.0
         self.page_faults = 0  # minor page faults of this process during the backward calls
+        self.blas: dict = {}  # kernel step label -> [BLAS seconds, flops, BLAS calls]
+
+    def add_blas(self, label: str, nanoseconds: int, flops: int, calls: int) -> None:
+        """Adds what a kernel step's BLAS calls did during one call of the step (the
+        kernel's code counts them: ca-define-blas-wrappers)."""
+        entry = self.blas.get(label)
+        if entry is None:
+            entry = self.blas[label] = [0.0, 0, 0]
+        entry[0] += nanoseconds * 1e-9
+        entry[1] += flops
+        entry[2] += calls
 
     def add_step(self, label: str, seconds: float) -> None:
         entry = self.steps.get(label)
@@ -75,7 +86,13 @@ class Profile:
         """The totals and the steps, for code (`{"steps": {label: {"calls", "seconds"}}, ...}`)."""
         return {"backwards": self.backwards, "backward_seconds": self.backward_seconds,
                 "program_seconds": self.program_seconds, "page_faults": self.page_faults,
-                "steps": {k: {"calls": c, "seconds": s} for k, (c, s) in self.steps.items()}}
+                "steps": {k: {"calls": c, "seconds": s, **self._blas_of(k)} for k, (c, s) in self.steps.items()}}
+
+    def _blas_of(self, label: str) -> dict:
+        entry = self.blas.get(label)
+        if entry is None:
+            return {}
+        return {"blas_seconds": entry[0], "blas_flops": entry[1], "blas_calls": entry[2]}
 
     def table(self, top: int = 25) -> str:
         """The steps by total time, with their share of the backward time."""
@@ -90,14 +107,33 @@ class Profile:
                  f"  minor page faults during the backward calls: {self.page_faults / n:.0f} each (a page "
                  f"the kernel zeroes and maps, ~1-2 us; see docs/speed.md, \"Page faults\")",
                  f"  {'step':<56} {'calls':>7} {'total ms':>10} {'us/call':>10} {'share':>7}"]
+        if self.blas:
+            blas_s = sum(e[0] for e in self.blas.values())
+            flops = sum(e[1] for e in self.blas.values())
+            kernels_s = sum(self.steps[label][1] for label in self.blas)
+            lines.insert(2, f"  in its kernels: BLAS (MKL's gemm) {1e3 * blas_s:.2f} ms ({blas_s / total:.0%}, "
+                            f"{_gflops(flops, blas_s)}); the rest of those kernels (camlir's loops, operand "
+                            f"packing) {1e3 * (kernels_s - blas_s):.2f} ms ({(kernels_s - blas_s) / total:.0%})")
         ranked = sorted(self.steps.items(), key=lambda kv: -kv[1][1])
         for label, (calls, seconds) in ranked[:top]:
             lines.append(f"  {label[:56]:<56} {calls:>7} {1e3 * seconds:>10.3f} {1e6 * seconds / calls:>10.1f} "
                          f"{seconds / total:>7.1%}")
+            entry = self.blas.get(label)
+            if entry is not None and entry[2]:
+                blas_s, flops, blas_calls = entry
+                lines.append(f"  {'  BLAS: ' + str(blas_calls) + ' gemm calls, ' + _gflops(flops, blas_s):<56} "
+                             f"{'':>7} {1e3 * blas_s:>10.3f} {1e6 * blas_s / calls:>10.1f} {blas_s / total:>7.1%}")
+                rest = seconds - blas_s
+                lines.append(f"  {'  the rest (loops, packing)':<56} {'':>7} {1e3 * rest:>10.3f} "
+                             f"{1e6 * rest / calls:>10.1f} {rest / total:>7.1%}")
         if len(ranked) > top:
             rest = sum(s for _, (_, s) in ranked[top:])
             lines.append(f"  {'(' + str(len(ranked) - top) + ' more steps)':<56} {'':>7} {1e3 * rest:>10.3f}")
         return "\n".join(lines)
+
+
+def _gflops(flops: int, seconds: float) -> str:
+    return f"{flops / seconds / 1e9:.1f} GFLOP/s" if seconds > 0 else "0 GFLOP/s"
 
 
 def clock() -> tuple:

@@ -12,8 +12,16 @@
 // CHECK: func.func private @camlir_gemm_f32(memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>, memref<?x?xf32, strided<[?, ?], offset: ?>>, f32, f32)
 // DEF-LABEL: func.func @k
 // DEF: func.func private @camlir_gemm_f32(%{{.*}}: memref<?x?xf32, strided<[?, ?], offset: ?>>
-// DEF: call @sgemm_
+// The BLAS call is timed and its flops counted for camlir.profile():
+// DEF: %[[T0:.*]] = call @camlir_clock_ns() : () -> i64
+// DEF-NEXT: call @sgemm_
+// DEF-NEXT: call @camlir_blas_done(%[[T0]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (i64, index, index, index, index) -> ()
 // DEF: func.func private @sgemm_(!llvm.ptr
+// DEF: llvm.mlir.global external @camlir_blas_totals_data(dense<0> : tensor<3xi64>)
+// DEF: func.func @camlir_blas_totals() -> i64
+// DEF: func.func private @camlir_clock_ns() -> i64
+// DEF: call @clock_gettime
+// DEF: func.func private @camlir_blas_done(
 func.func @k(%a: memref<4x3xf32>, %b: memref<3x5xf32>, %c: memref<4x5xf32>) {
   %zero = arith.constant 0.0 : f32
   linalg.fill ins(%zero : f32) outs(%c : memref<4x5xf32>)
@@ -59,7 +67,9 @@ func.func @ints(%a: memref<4x3xi32>, %b: memref<3x5xi32>, %c: memref<4x5xi32>) {
 // DEF: scf.for
 // DEF: call @camlir_gemm_f32
 // DEF: func.func private @camlir_bgemm_batch_f32(
-// DEF: call @sgemm_batch_
+// DEF: call @camlir_clock_ns()
+// DEF-NEXT: call @sgemm_batch_
+// DEF-NEXT: call @camlir_blas_done
 // DEF: func.func private @sgemm_batch_(!llvm.ptr
 #ta = affine_map<(d0, d1, d2, d3) -> (d0, d3, d1)>
 #tb = affine_map<(d0, d1, d2, d3) -> (d0, d3, d2)>

@@ -48,6 +48,7 @@ class _Step:
     outs: tuple
     label: str = ""  # what `camlir.profile()` calls it: "kernel @k", "host aten.mm", "hook 2 (...)"
     frees: tuple = ()  # slots read for the last time here, dropped after it
+    blas: object = None  # a kernel's BLAS totals (jit.blas_totals), split out by camlir.profile()
 
 
 class _Program:
@@ -111,9 +112,13 @@ class _Program:
                         value = env[i] = value.view()
                     ins.append(value)
                 if profile is not None:
+                    blas = step.blas
+                    before = tuple(blas) if blas is not None else None
                     start = clock()
                     outs = step.fn(ins, runtime)
                     profile.add_step(step.label, clock() - start)
+                    if blas is not None:
+                        profile.add_blas(step.label, *(a - b for a, b in zip(blas, before)))
                 else:
                     outs = step.fn(ins, runtime)
                 for slot, value in zip(step.outs, outs):
@@ -132,9 +137,13 @@ class _Program:
         runtime.profiling = True
         try:
             for step in self.steps:
+                blas = step.blas
+                before = tuple(blas) if blas is not None else None
                 start = clock()
                 outs = step.fn([env[i] for i in step.ins], runtime)
                 profile.add_step(step.label, clock() - start)
+                if blas is not None:
+                    profile.add_blas(step.label, *(a - b for a, b in zip(blas, before)))
                 for slot, value in zip(step.outs, outs):
                     env[slot] = value
                 for slot in step.frees:

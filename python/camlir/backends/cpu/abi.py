@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from camlir.backends.cpu.jit import blas_totals
+
 _DTYPES = {
     "f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
     "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "i1": torch.bool,
@@ -110,6 +112,7 @@ class Kernel:
         if not address:
             raise RuntimeError(f"kernel {name} not found in the compiled module")
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        self.blas = blas_totals(engine, symbol or name)  # for camlir.profile(): its BLAS time
         self._descs = []
         specs = inputs + outputs
         self._packed = (ctypes.c_void_p * len(specs))()
@@ -219,6 +222,7 @@ class DynamicKernel:
         if not address:
             raise RuntimeError(f"kernel {name} not found in the compiled module")
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        self.blas = blas_totals(engine, symbol or name)  # see Kernel
         specs = inputs + outputs
         self._packed = (ctypes.c_void_p * len(specs))()
         self._keep = []

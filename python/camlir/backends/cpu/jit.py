@@ -35,6 +35,9 @@ _OPTIONAL_BLAS = ("gemm_bf16bf16f32_",)
 _OMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads",
                 "_ZN2at15get_num_threadsEv")  # torch's thread count (parallel_loops.TORCH_NUM_THREADS)
 _symbols: dict = {}
+# The packed entry point ca-define-blas-wrappers defines for the profiler's BLAS totals
+# (passes/matmul_to_blas.py, BLAS_TOTALS_SYMBOL: not imported, the runtime loads no passes).
+BLAS_TOTALS_SYMBOL = "camlir_blas_totals"
 
 
 def torch_lib_dir() -> str:
@@ -248,6 +251,25 @@ class PartedKernels:
             if address:
                 return address
         return 0
+
+
+def blas_totals(compiled, kernel_symbol: str):
+    """The [nanoseconds, flops, calls] the BLAS calls of the loaded code that holds
+    `kernel_symbol` have summed (`camlir_blas_totals` of ca-define-blas-wrappers), as a
+    ctypes array read in place; None where that code calls no BLAS (or was compiled before
+    the counters existed). `compiled`: an engine, `SharedKernels` or `PartedKernels`."""
+    parts = [compiled.local] + compiled.others if isinstance(compiled, PartedKernels) else [compiled]
+    for part in parts:
+        if not part.raw_lookup("_mlir_ciface_" + kernel_symbol):
+            continue
+        getter = part.raw_lookup(BLAS_TOTALS_SYMBOL)
+        if not getter:
+            return None
+        address = ctypes.c_int64(0)
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(address))
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(getter)(args)  # packed: args[0] -> the result
+        return (ctypes.c_int64 * 3).from_address(address.value) if address.value else None
+    return None
 
 
 def objects_of(compiled) -> list:

@@ -47,6 +47,8 @@ class CpuProgram:
         self.program = compile_block(host.regions[0].blocks[0], terminator="func.return", extra=self._extra)
         self._perm_args = [(i, p) for i, p in enumerate(arg_perms) if p is not None]
         for step in self.program.steps:  # a decided choice puts its pick in the step itself
+            kernel = getattr(step.fn, "kernel", None)
+            step.blas = getattr(kernel, "blas", None)  # camlir.profile() splits the step's time
             if isinstance(step.fn, choice.KernelChoice):
                 step.fn.step = step
                 step.label = f"{step.label} ({twin_summary(step.fn.twin)})"
@@ -61,7 +63,9 @@ class CpuProgram:
             if name in self.twins and choice.enabled():
                 self.choices[name] = choice.KernelChoice(name, kernel, self.twins[name], self.label)
                 return self.choices[name]
-            return lambda ins, rt: kernel(ins)
+            call = lambda ins, rt: kernel(ins)  # noqa: E731
+            call.kernel = kernel
+            return call
         if op.name.startswith("torch_c."):
             return ALIAS  # only the static type changes
         if op.name == "ca.size" and "value" not in op.attributes:
