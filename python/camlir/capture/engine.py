@@ -34,10 +34,13 @@ import torch
 from torch._dynamo import compiled_autograd as ca_mod
 
 from camlir import events, graph_choice, logs, pending_program, profiling
-from camlir.capture import dynamo_off
+from camlir.capture import dynamo_off, shape_env_files
 from camlir.errors import UnsupportedError, without_pytorch_hints
 from camlir.settings import active_settings, in_use, on_change
 from camlir.stats import counters
+
+# The first capture of a process no longer imports Inductor to name source files (0.19 s, 18 MB).
+shape_env_files.install()
 
 _original_backward = torch.autograd.backward
 _original_grad = torch.autograd.grad
