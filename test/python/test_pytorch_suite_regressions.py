@@ -288,6 +288,36 @@ def _graph_reading_a_scalar():
     return torch.fx.symbolic_trace(Graph())
 
 
+def _graph_reading_a_size_and_a_scalar():
+    """As `_graph_reading_a_scalar`, with a lifted size too: a graph with sizes is re-traced
+    with symbolic sizes (PyTorch's test_autograd_cpp_node_saved_int under dynamic=True)."""
+
+    class Graph(torch.nn.Module):
+        def forward(self, inputs, sizes, scalars, hooks, packed_data):
+            x = inputs[0]
+            return [x.expand(sizes[0], sizes[1]) * scalars[0] + scalars[1]]
+
+    return torch.fx.symbolic_trace(Graph())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lifted_scalars_in_a_program_with_symbolic_sizes(backend):
+    # The symbolic re-trace took the scalars as program arguments (make_fx makes an int a
+    # SymInt placeholder) that the driver never passed: "'NoneType' object cannot be
+    # interpreted as an integer" on both backends. They are the trace's constants, as in
+    # a static trace, and a new value compiles anew (Artifacts.find's scalar guard).
+    from camlir.compiled import CompiledBackward
+
+    gm = _graph_reading_a_size_and_a_scalar()
+    compiled = CompiledBackward(gm, [])
+    with camlir.enable(backend=backend, dynamic=True):
+        for rows, a, b in [(4, 1, 1), (5, 2, 2), (6, 3, 3), (7, 1, 1), (8, 3, 1)]:
+            x = torch.randn(1, 3)
+            [got] = compiled([x], [rows, 3], [a, b], [], [])
+            torch.testing.assert_close(got, x.expand(rows, 3) * a + b)
+    assert camlir.counters["compiles"] == 4  # one per scalar pair; the sizes are symbolic
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("values", [[1, 2, 3, 1], [1.1, 2.2, 3.3, 1.1], [2, 2.0]])
 def test_a_lifted_scalar_that_changes_is_not_baked_in(backend, values):

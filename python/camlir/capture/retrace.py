@@ -452,10 +452,15 @@ def _retrace_symbolic(run, inputs, sizes, scalars) -> Retraced:
     sym_sizes = [shape_env.create_unspecified_symint_and_symbol(v, ConstantSource(f"sizes_{i}"),
                                                                  DimDynamic.DYNAMIC)
                  for i, v in enumerate(sizes)]
-    traced = make_fx(run, tracing_mode="symbolic",
-                     decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
+    # The lifted scalars are constants of the trace, as in a static one (a new value is a new
+    # program: `Artifacts.find`'s scalar guard). Handed to make_fx as arguments, symbolic
+    # tracing made each int a SymInt placeholder that the program then expected and the
+    # driver never passed (PyTorch's test_autograd_cpp_node_saved_int under dynamic=True).
+    scalars = list(scalars)
+    traced = make_fx(lambda inputs, sizes: run(inputs, sizes, scalars), tracing_mode="symbolic",
+                     decomposition_table=decomposition_table())(fake_inputs, sym_sizes)
     if _has_mutations(traced):
         traced = make_fx(_functionalized(traced), tracing_mode="symbolic",
-                         decomposition_table=decomposition_table())(fake_inputs, sym_sizes, list(scalars))
+                         decomposition_table=decomposition_table())(fake_inputs, sym_sizes)
     return Retraced(traced, symbolic=True, shape_env=shape_env, placeholders=fake_inputs + sym_sizes,
                     static_shapes=static_dims(fake_inputs))
