@@ -20,8 +20,12 @@ so the tests' counters and results are camlir's compiled code, not the eager eng
 a worker compiles), what a user writes: each backward inside runs under
 PyTorch's compiled autograd with camlir's compiler function, so every graph captured goes
 through `compiled.CompiledBackward`, and what camlir leaves to PyTorch (create_graph=True)
-runs eagerly. The test's compiler function (and any check it does on the graph) is not
-called. `_disable()` scopes are honoured.
+runs eagerly. The scope keeps the test's `dynamic` (PyTorch's default, True). The test's
+compiler function (and any check it does on the graph) is not called; each program camlir
+builds counts as a compile in `counters["compiled_autograd"]["compiles"]`, where that
+function would have counted Inductor's, so the tests' capture and compile counts compare
+camlir with PyTorch. The speed choice is off (`CAMLIR_GRAPH_CHOICE=0`). `_disable()` scopes
+are honoured.
 
 Each test runs in its own subprocess with a timeout (`--timeout`, default 300 s), at most
 `--jobs` (default 2) at a time, with one thread each. A test that fails with camlir other than
@@ -90,12 +94,36 @@ def _install_camlir(backend):
             return
         # Only camlir's own scope: each backward then runs the way camlir.enable() runs it
         # for users (what camlir leaves to PyTorch, e.g. create_graph=True, runs eagerly).
-        with camlir.enable(backend=backend, wait=True):
+        # The test's `dynamic` is kept: its capture counts assume it (PyTorch's default is
+        # dynamic=True, camlir's is sizes as constants first).
+        with camlir.enable(backend=backend, dynamic=bool(dynamic), wait=True):
             yield
 
     ca._enable = camlir_enable
     torch._dynamo.compiled_autograd._enable = camlir_enable
+    _mirror_compiles(camlir)
     return camlir
+
+
+def _mirror_compiles(camlir):
+    """The tests count compiles in `counters["compiled_autograd"]["compiles"]`, which their
+    own compiler function increments for each graph Inductor compiles; under camlir that
+    function is never called. Each program camlir builds (`camlir.counters["compiles"]`: a
+    run of its pipeline for a captured graph) adds one there instead, so the tests' compile
+    counts compare camlir with PyTorch: a graph camlir leaves to PyTorch or to the eager
+    engine adds nothing, one PyTorch compiles twice (a recompile) adds two only if camlir
+    also built two programs."""
+    from torch._dynamo.utils import counters as torch_counters
+
+    class Mirrored(type(camlir.counters)):
+        def __setitem__(self, key, value):
+            if key == "compiles":
+                grown = value - self.get(key, 0)
+                if grown > 0:
+                    torch_counters["compiled_autograd"]["compiles"] += grown
+            super().__setitem__(key, value)
+
+    camlir.counters.__class__ = Mirrored
 
 
 def _load_module(path):
@@ -258,7 +286,10 @@ def _run_child(args, mode, test=None, list_only=False, timeout=None):
         cmd += ["--extra-path", extra]
     cmd += ["--list"] if list_only else ["--test", test]
     env = dict(os.environ)
+    # CAMLIR_GRAPH_CHOICE=0: no backward is sent to the eager engine for speed, so what
+    # the tests check is camlir's compiled code and their capture counts stay PyTorch's.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CAMLIR_DISK_CACHE="0",
+               CAMLIR_GRAPH_CHOICE="0",
                TORCHINDUCTOR_CACHE_DIR=os.path.join(args.workdir, "inductor-cache"),
                TORCHINDUCTOR_COMPILE_THREADS="1")
     start = time.perf_counter()
