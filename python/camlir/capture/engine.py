@@ -126,14 +126,22 @@ _keeping_engine = _CallbackKeepingEngine()
 
 
 class _ReasonCollector(logging.Handler):
+    """Keeps the cache-miss reasons compiled autograd's C++ side logs during a capture.
+    Where the user asked for PyTorch's own verbose log (`TORCH_LOGS=compiled_autograd_verbose`,
+    which camlir's logger replaces during the capture), every message is passed on to it
+    (`forward`), as without camlir."""
+
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.reasons = []
+        self.forward = None  # PyTorch's verbose logger while the user has it on
 
     def emit(self, record):
         message = record.getMessage()
         if message.startswith("Cache miss"):
             self.reasons.append(message)
+        if self.forward is not None:
+            self.forward.debug("%s", message)
 
 
 _reasons = _ReasonCollector()
@@ -432,6 +440,7 @@ def _captured(call: Callable, settings):
     graph intact, so the backward then runs eagerly."""
     try:
         with ca_mod._enable(_compiler_fn, dynamic=bool(settings.dynamic)):
+            _reasons.forward = ca_mod.verbose_log if ca_mod.snapshot_verbose_logging_enabled() else None
             torch._C._dynamo.compiled_autograd.set_verbose_logger(_reason_logger)
             _local.keep_callbacks = True
             try:
